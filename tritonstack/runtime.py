@@ -1,0 +1,254 @@
+"""The embedded runtime: the real tritonserver from the nvidia-pytriton wheel, on CPU, no Docker.
+
+What is real: the tritonserver binary (Triton 2.51.0), its HTTP/gRPC/metrics frontends, the
+dynamic batcher, ensembles, the Python backend and its stubs (postprocess, classify).
+What differs from the GPU container: ONNX models run on a Python-based backend named
+`onnxruntime` (tritonstack/backends/onnxruntime/model.py) instead of Triton's C++ onnxruntime
+backend, and models that need a GPU (TensorRT plans, KIND_GPU instances) are left out.
+
+The wheel's tree is used in place (copying it breaks its library lookup); only the backend
+directory is assembled in a cache folder, because the Python backend needs the stub built for
+the running interpreter next to `libtriton_python.so`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import filecmp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+
+from tritonstack.errors import UserError
+from tritonstack.repository import Model, iter_models
+
+SHM_DIR = Path("/dev/shm")
+BACKEND_SOURCES = Path(__file__).resolve().parent / "backends"
+
+
+def pytriton_root() -> Path:
+    """Where the nvidia-pytriton wheel keeps tritonserver, its backends and its libraries."""
+    try:
+        import pytriton
+    except ImportError:
+        raise UserError(
+            "nvidia-pytriton is not installed; `pip install -e .` in this repository installs it"
+        ) from None
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    if not (root / "bin" / "tritonserver").is_file():
+        raise UserError(f"{root}/bin/tritonserver missing: reinstall nvidia-pytriton==0.7.0")
+    return root
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tritonstack"
+
+
+def _sync_file(source: Path, target: Path) -> None:
+    if not target.exists() or not filecmp.cmp(source, target, shallow=False):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
+        shutil.copy2(source, tmp)
+        os.replace(tmp, target)
+
+
+def prepare_backends(cache_dir: Path) -> Path:
+    """Assemble `<cache>/backends-<pytriton>-py<X.Y>/{python,onnxruntime}` and return its path."""
+    root = pytriton_root()
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / py / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise UserError(f"nvidia-pytriton has no Python backend stub for Python {py}; use 3.10-3.13")
+    backends = Path(cache_dir) / f"backends-{version('nvidia-pytriton')}-py{py}"
+    python_backend = root / "backends" / "python"
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        _sync_file(python_backend / name, backends / "python" / name)
+    _sync_file(stub, backends / "python" / "triton_python_backend_stub")
+    for source in sorted(BACKEND_SOURCES.glob("*/model.py")):
+        _sync_file(source, backends / source.parent.name / "model.py")
+    return backends
+
+
+def cpu_models(repository: Path) -> tuple[list[Model], list[Model]]:
+    """Split the repository into (models the CPU runtime serves, GPU-only models left out)."""
+    models = list(iter_models(repository))
+    return [m for m in models if not m.needs_gpu], [m for m in models if m.needs_gpu]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the parent dies, so no server is orphaned."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class EmbeddedTriton:
+    """One tritonserver process serving a model repository on loopback; a context manager."""
+
+    model_repository: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    address: str = "127.0.0.1"
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    log_path: Path | None = None
+    exit_timeout_secs: int = 10
+    extra_args: Sequence[str] = ()
+    process: subprocess.Popen | None = field(default=None, init=False)
+    served: list[str] = field(default_factory=list, init=False)
+    skipped: list[str] = field(default_factory=list, init=False)
+    shm_prefix: str = field(default_factory=lambda: f"tritonstack_{uuid.uuid4().hex[:12]}_")
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.address}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.address}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.address}:{self.metrics_port}/metrics"
+
+    def command(self, backends: Path, repository: Path) -> list[str]:
+        return [
+            str(pytriton_root() / "bin" / "tritonserver"),
+            f"--model-repository={repository}",
+            f"--backend-directory={backends}",
+            f"--cache-directory={pytriton_root() / 'caches'}",
+            "--model-control-mode=none",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+            f"--exit-timeout-secs={self.exit_timeout_secs}",
+            f"--http-address={self.address}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.address}",
+            f"--grpc-port={self.grpc_port}",
+            "--allow-metrics=true",
+            "--allow-cpu-metrics=true",
+            "--allow-gpu-metrics=false",
+            f"--metrics-address={self.address}",
+            f"--metrics-port={self.metrics_port}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *self.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """The stubs embed this interpreter: its libpython first, its site-packages importable."""
+        env = dict(os.environ)
+        libs = [sysconfig.get_config_var("LIBDIR") or "", str(pytriton_root().parent.parent
+                                                               / "nvidia_pytriton.libs")]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [p for p in libs if p] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+        )
+        # The stub's embedded interpreter ignores PYTHONPATH and finds its prefix from the
+        # `python3` first on PATH; with this interpreter's bin first, a virtualenv's
+        # pyvenv.cfg is found and its site-packages (numpy, onnxruntime) are importable.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        return env
+
+    def start(self, timeout: float = 180.0) -> EmbeddedTriton:
+        """Start tritonserver and return once the server and every served model are ready."""
+        served, skipped = cpu_models(self.model_repository)
+        self.served = [m.name for m in served]
+        self.skipped = [m.name for m in skipped]
+        backends = prepare_backends(self.cache_dir)
+        # A repository view without the GPU-only models keeps --model-control-mode=none (no
+        # load API exposed) while still serving the unchanged model directories.
+        self._view = Path(tempfile.mkdtemp(prefix="tritonstack-repo-"))
+        for model in served:
+            (self._view / model.name).symlink_to(model.directory.resolve())
+        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.command(backends, self._view),
+            env=self.environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        if log:
+            log.close()
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2.0)
+        deadline = time.monotonic() + timeout
+        waiting = list(self.served)
+        try:
+            while waiting:
+                if self.process.poll() is not None:
+                    raise UserError(
+                        f"tritonserver exited with code {self.process.returncode} while loading "
+                        f"models{self._log_hint()}"
+                    )
+                if time.monotonic() > deadline:
+                    raise UserError(
+                        f"models {waiting} not ready after {timeout:.0f} s{self._log_hint()}"
+                    )
+                try:
+                    waiting = [m for m in waiting if not client.is_model_ready(m)]
+                except Exception:  # server not listening yet
+                    pass
+                if waiting:
+                    time.sleep(0.2)
+        finally:
+            client.close()
+
+    def _log_hint(self) -> str:
+        if not self.log_path:
+            return "; see the server log above"
+        tail = Path(self.log_path).read_text(errors="replace").splitlines()[-15:]
+        return f"; last lines of {self.log_path}:\n" + "\n".join(tail)
+
+    def stop(self) -> int | None:
+        """SIGTERM (Triton drains in-flight requests), then make sure nothing is left behind.
+
+        Stubs run in tritonserver's process group; the group is killed after the server exits in
+        case a stub outlived it, and this server's shared-memory regions are removed.
+        """
+        code = None
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(self.exit_timeout_secs + 15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait()
+            code = self.process.returncode
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for segment in SHM_DIR.glob(f"{self.shm_prefix}*"):
+            segment.unlink(missing_ok=True)
+        view = getattr(self, "_view", None)
+        if view is not None:
+            shutil.rmtree(view, ignore_errors=True)
+        return code
+
+    def __enter__(self) -> EmbeddedTriton:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
