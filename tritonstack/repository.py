@@ -59,7 +59,9 @@ def parse_config(path: Path) -> ModelConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror}); every model needs a config.pbtxt")
+        raise UserError(
+            f"{path}: cannot read ({exc.strerror}); every model needs a config.pbtxt"
+        ) from None
     try:
         return text_format.Parse(text, ModelConfig())
     except text_format.ParseError as exc:

@@ -13,6 +13,7 @@ the running interpreter next to `libtriton_python.so`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import filecmp
 import os
@@ -69,7 +70,9 @@ def prepare_backends(cache_dir: Path) -> Path:
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / py / "triton_python_backend_stub"
     if not stub.is_file():
-        raise UserError(f"nvidia-pytriton has no Python backend stub for Python {py}; use 3.10-3.13")
+        raise UserError(
+            f"nvidia-pytriton has no Python backend stub for Python {py}; use 3.10-3.13"
+        )
     backends = Path(cache_dir) / f"backends-{version('nvidia-pytriton')}-py{py}"
     python_backend = root / "backends" / "python"
     for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
@@ -148,8 +151,10 @@ class EmbeddedTriton:
     def environment(self) -> dict[str, str]:
         """The stubs embed this interpreter: its libpython first, its site-packages importable."""
         env = dict(os.environ)
-        libs = [sysconfig.get_config_var("LIBDIR") or "", str(pytriton_root().parent.parent
-                                                               / "nvidia_pytriton.libs")]
+        libs = [
+            sysconfig.get_config_var("LIBDIR") or "",
+            str(pytriton_root().parent.parent / "nvidia_pytriton.libs"),
+        ]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             [p for p in libs if p] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
         )
@@ -205,10 +210,8 @@ class EmbeddedTriton:
                     raise UserError(
                         f"models {waiting} not ready after {timeout:.0f} s{self._log_hint()}"
                     )
-                try:
+                with contextlib.suppress(Exception):  # not listening yet
                     waiting = [m for m in waiting if not client.is_model_ready(m)]
-                except Exception:  # server not listening yet
-                    pass
                 if waiting:
                     time.sleep(0.2)
         finally:
@@ -236,10 +239,8 @@ class EmbeddedTriton:
                     os.killpg(self.process.pid, signal.SIGKILL)
                     self.process.wait()
             code = self.process.returncode
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for segment in SHM_DIR.glob(f"{self.shm_prefix}*"):
             segment.unlink(missing_ok=True)
         view = getattr(self, "_view", None)

@@ -73,5 +73,5 @@ class TritonPythonModel:
             pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor("label", label), pb_utils.Tensor("score", score)]
             )
-            for label, score in zip(np.split(labels, bounds), np.split(top, bounds))
+            for label, score in zip(np.split(labels, bounds), np.split(top, bounds), strict=False)
         ]

@@ -1,7 +1,8 @@
 """Class probabilities -> string labels, vectorised over everything the batcher hands over.
 
 Labels come from the file named by the `labels_file` parameter (one per line, class-index order),
-so renaming a class is a data change, not a code change. STRING outputs are numpy object arrays
+so renaming a class is a data change, not a code change. The scores are also returned unchanged
+as `probabilities`, for the reason given in config.pbtxt. STRING outputs are numpy object arrays
 of bytes shaped [rows, 1]: the layout Triton serialises without a copy per element.
 """
 
@@ -35,6 +36,11 @@ class TritonPythonModel:
         labels = self.labels[np.argmax(np.concatenate(scores), axis=1)].reshape(-1, 1)
         bounds = np.cumsum([len(s) for s in scores])[:-1]
         return [
-            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("label", part)])
-            for part in np.split(labels, bounds)
+            pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor("label", part),
+                    pb_utils.Tensor("probabilities", score),
+                ]
+            )
+            for part, score in zip(np.split(labels, bounds), scores, strict=False)
         ]

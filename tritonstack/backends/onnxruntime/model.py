@@ -33,9 +33,7 @@ class TritonPythonModel:
         threads = int(parameters.get("intra_op_thread_count", {}).get("string_value", "0"))
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            str(path), options, providers=["CPUExecutionProvider"]
-        )
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.input_names = [tensor["name"] for tensor in config["input"]]
         self.output_names = [tensor["name"] for tensor in config["output"]]
         onnx_inputs = {i.name for i in self.session.get_inputs()}
@@ -51,8 +49,10 @@ class TritonPythonModel:
 
     def execute(self, requests):
         if not self.batched:
-            return [self._respond(self._run(request_feeds)) for request_feeds in map(
-                self._feeds, requests)]
+            return [
+                self._respond(self._run(request_feeds))
+                for request_feeds in map(self._feeds, requests)
+            ]
         feeds = [self._feeds(request) for request in requests]
         sizes = [len(next(iter(f.values()))) for f in feeds]
         merged = {
@@ -77,6 +77,6 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(
             output_tensors=[
                 pb_utils.Tensor(name, np.ascontiguousarray(value))
-                for name, value in zip(self.output_names, outputs)
+                for name, value in zip(self.output_names, outputs, strict=False)
             ]
         )

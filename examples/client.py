@@ -1,0 +1,26 @@
+"""The guide's "Calling your Model" client with its mistakes fixed.
+
+Run `tritonstack serve` (or `docker compose up`) first, then `python examples/client.py`.
+Fixed: the package is `tritonclient[http]` (not `tritoncleint`); `client` is created; the input
+shape has the batch dimension ([rows, 128], not [128]); `arr` is defined as FP32; and the labels
+come from `pipeline`, which runs classifier -> postprocess inside Triton.
+"""
+
+import os
+
+import numpy
+import tritonclient.http as httpclient
+
+client = httpclient.InferenceServerClient(url=os.environ.get("TRITON_URL", "localhost:8000"))
+
+arr = numpy.random.default_rng(0).standard_normal((4, 128)).astype(numpy.float32)
+inp = httpclient.InferInput("features", list(arr.shape), "FP32")
+inp.set_data_from_numpy(arr)
+
+out = httpclient.InferRequestedOutput("label")
+
+response = client.infer(model_name="pipeline", inputs=[inp], outputs=[out])
+
+for row, label in enumerate(response.as_numpy("label")[:, 0]):
+    print(row, label.decode())
+client.close()

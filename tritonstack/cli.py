@@ -1,0 +1,160 @@
+"""`tritonstack` command line: export, check, serve, infer.
+
+Every failure a user can fix ends as one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.errors import UserError
+
+
+def _repository_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=DEFAULT_MODEL_REPOSITORY,
+        help="model repository directory (default: this checkout's model_repository/)",
+    )
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tritonstack.export import export
+
+    export(args.model_repository, seed=args.seed)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from tritonstack.check import check_repository
+
+    problems = check_repository(args.model_repository)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} problem(s) in {args.model_repository}", file=sys.stderr)
+        return 1
+    print(f"{args.model_repository}: ok")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tritonstack.runtime import EmbeddedTriton
+
+    server = EmbeddedTriton(
+        model_repository=args.model_repository,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        address=args.address,
+        log_path=args.log_file,
+    )
+    stop = threading.Event()
+
+    def request_stop(signum, _frame):
+        print(f"{signal.Signals(signum).name}: stopping Triton", flush=True)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request_stop)
+    print(f"starting Triton on {args.address} (models in {args.model_repository})", flush=True)
+    server.start(timeout=args.timeout)
+    try:
+        print(f"ready: {', '.join(server.served)}", flush=True)
+        if server.skipped:
+            print(f"not served on CPU (GPU only): {', '.join(server.skipped)}", flush=True)
+        print(f"  HTTP     http://{server.http_url}", flush=True)
+        print(f"  gRPC     {server.grpc_url}", flush=True)
+        print(f"  metrics  {server.metrics_url}", flush=True)
+        print("Ctrl-C stops the server", flush=True)
+        while not stop.is_set() and server.process.poll() is None:
+            stop.wait(0.5)
+        if not stop.is_set():
+            raise UserError(f"tritonserver exited unexpectedly with code {server.process.poll()}")
+    finally:
+        code = server.stop()
+    print(f"stopped (tritonserver exit code {code})", flush=True)
+    return 0
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from tritonstack.client import infer, predictions
+
+    if args.input:
+        try:
+            features = np.load(args.input)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{args.input}: cannot read a .npy array ({exc})") from None
+        features = np.atleast_2d(features)
+    else:
+        features = np.random.default_rng(args.seed).standard_normal((args.rows, 128))
+    url = args.url or {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}[args.protocol]
+    outputs = infer(url, args.model, features.astype(np.float32), protocol=args.protocol)
+    labels = (DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt").read_text().split("\n")
+    print(f"{'row':>4}  {'label':<14} score")
+    for row, prediction in enumerate(predictions(args.model, outputs, labels)):
+        print(f"{row:>4}  {prediction.label:<14} {prediction.score:.4f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tritonstack", description="Serve a small classifier on NVIDIA Triton."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("export", help="train the demo classifier and write model.onnx")
+    _repository_arg(p)
+    p.add_argument("--seed", type=int, default=None, help="training seed (default: fixed)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("check", help="validate the model repository against Triton's schema")
+    _repository_arg(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("serve", help="run the real tritonserver on CPU, no Docker needed")
+    _repository_arg(p)
+    p.add_argument("--address", default="127.0.0.1", help="listen address (default: loopback)")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--log-file", type=Path, default=None, help="write Triton's log here")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("infer", help="classify embeddings through a running Triton")
+    p.add_argument("--model", default="pipeline", choices=["classifier", "pipeline", "classify"])
+    p.add_argument("--protocol", default="http", choices=["http", "grpc"])
+    p.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 / :8001)")
+    p.add_argument("--rows", type=int, default=4, help="random embeddings to send (1-64)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random embeddings")
+    p.add_argument("--input", type=Path, default=None, help=".npy file of shape [rows, 128]")
+    p.set_defaults(func=cmd_infer)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "seed", 0) is None:
+        from tritonstack.export import SEED
+
+        args.seed = SEED
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"tritonstack {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The seed guide's client, fixed: one `InferenceServerClient`, batched inputs, HTTP or gRPC.
+
+`infer` returns plain rows so the CLI, the tests and the examples print the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tritonstack.errors import UserError
+
+#: What each public model returns; all of them take `features` FP32 [rows, 128].
+MODEL_OUTPUTS = {
+    "classifier": ("class",),
+    "pipeline": ("label", "class"),
+    "classify": ("label", "score"),
+}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    score: float
+
+
+def client_module(protocol: str):
+    """tritonclient.http or tritonclient.grpc: the same API, imported on demand."""
+    if protocol == "http":
+        import tritonclient.http as module
+    elif protocol == "grpc":
+        import tritonclient.grpc as module
+    else:
+        raise UserError(f"protocol {protocol!r} is not supported; use http or grpc")
+    return module
+
+
+def infer(
+    url: str,
+    model: str,
+    features: np.ndarray,
+    protocol: str = "http",
+    timeout: float = 10.0,
+    outputs: tuple[str, ...] | None = None,
+) -> dict[str, np.ndarray]:
+    """Send one batched request and return the requested outputs (default: all) by name.
+
+    The seed passed a [128] shape; Triton wants the batch dimension first ([rows, 128]).
+    """
+    from tritonclient.utils import InferenceServerException
+
+    if features.ndim != 2 or features.shape[1] != 128:
+        raise UserError(f"features must have shape [rows, 128], got {list(features.shape)}")
+    if model not in MODEL_OUTPUTS:
+        raise UserError(f"model {model!r} is not one of {sorted(MODEL_OUTPUTS)}")
+    outputs = outputs or MODEL_OUTPUTS[model]
+    module = client_module(protocol)
+    features = np.ascontiguousarray(features, dtype=np.float32)
+    try:
+        client = module.InferenceServerClient(url=url)
+    except Exception as exc:
+        raise UserError(f"cannot create a {protocol} client for {url}: {exc}") from None
+    try:
+        tensor = module.InferInput("features", list(features.shape), "FP32")
+        tensor.set_data_from_numpy(features)
+        requested = [module.InferRequestedOutput(name) for name in outputs]
+        kwargs = {"client_timeout": timeout} if protocol == "grpc" else {}
+        result = client.infer(model_name=model, inputs=[tensor], outputs=requested, **kwargs)
+        return {name: result.as_numpy(name) for name in outputs}
+    except InferenceServerException as exc:
+        if exc.status() == "StatusCode.UNAVAILABLE" and "connect" in (exc.message() or ""):
+            raise UserError(
+                f"cannot reach Triton at {url} over grpc; "
+                "start it with `tritonstack serve` or `docker compose up`"
+            ) from None
+        raise UserError(f"Triton at {url} ({protocol}) answered: {exc.message()}") from None
+    except (ConnectionError, OSError) as exc:
+        raise UserError(
+            f"cannot reach Triton at {url} over {protocol} ({exc}); "
+            "start it with `tritonstack serve` or `docker compose up`"
+        ) from None
+    finally:
+        client.close()
+
+
+def predictions(model: str, outputs: dict[str, np.ndarray], labels: list[str]) -> list[Prediction]:
+    """Rows of (label, score) whatever the model; `labels` maps class indices for `classifier`."""
+    scores = outputs["score"][:, 0] if "score" in outputs else outputs["class"].max(axis=1)
+    if "label" in outputs:
+        names = [value.decode() for value in outputs["label"][:, 0]]
+    else:
+        names = [labels[i] for i in outputs["class"].argmax(axis=1)]
+    return [Prediction(name, float(score)) for name, score in zip(names, scores, strict=False)]
