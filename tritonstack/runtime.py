@@ -34,6 +34,8 @@ from tritonstack.errors import UserError
 from tritonstack.repository import Model, iter_models
 
 SHM_DIR = Path("/dev/shm")
+#: Error lines tritonserver logs on every start without a GPU; harmless, so not repeated to users.
+CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "unable to create stream")
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backends"
 
 
@@ -218,10 +220,16 @@ class EmbeddedTriton:
             client.close()
 
     def _log_hint(self) -> str:
+        """The server's own error lines, minus the CUDA noise every CPU-only start prints."""
         if not self.log_path:
             return "; see the server log above"
-        tail = Path(self.log_path).read_text(errors="replace").splitlines()[-15:]
-        return f"; last lines of {self.log_path}:\n" + "\n".join(tail)
+        lines = Path(self.log_path).read_text(errors="replace").splitlines()
+        errors = [
+            line
+            for line in lines
+            if line.startswith("E") and not any(noise in line for noise in CPU_ONLY_NOISE)
+        ]
+        return f"; errors in {self.log_path}:\n" + "\n".join(errors[-10:] or lines[-15:])
 
     def stop(self) -> int | None:
         """SIGTERM (Triton drains in-flight requests), then make sure nothing is left behind.

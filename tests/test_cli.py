@@ -1,0 +1,77 @@
+"""The CLI as a user meets it: results printed, and every mistake one readable line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import free_ports
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tritonstack.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert fragment in lines[0]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["classifier", "pipeline", "classify"])
+def test_infer_prints_labels_and_scores(triton, protocol, model):
+    url = triton.http_url if protocol == "http" else triton.grpc_url
+    result = run("infer", "--url", url, "--protocol", protocol, "--model", model, "--rows", "6")
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.strip().splitlines()[1:]
+    assert len(rows) == 6
+    for row in rows:
+        _row, *label, score = row.split()
+        assert " ".join(label) in {"relevant", "not relevant"}
+        assert 0.5 <= float(score) <= 1.0
+
+
+@pytest.mark.integration
+def test_infer_reads_embeddings_from_npy(triton, tmp_path):
+    path = tmp_path / "batch.npy"
+    np.save(path, np.ones((3, 128), np.float32))
+    result = run("infer", "--url", triton.http_url, "--input", str(path))
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) == 4
+
+
+@pytest.mark.integration
+def test_infer_batch_above_limit_is_one_line(triton):
+    result = run("infer", "--url", triton.http_url, "--rows", "65")
+    assert_one_line_error(result, "batch-size must be <= 64")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_infer_without_a_server_is_one_line(protocol):
+    (port,) = free_ports(1)
+    result = run("infer", "--url", f"127.0.0.1:{port}", "--protocol", protocol)
+    assert_one_line_error(result, f"cannot reach Triton at 127.0.0.1:{port}")
+
+
+def test_infer_rejects_wrongly_shaped_npy(tmp_path):
+    path = tmp_path / "bad.npy"
+    np.save(path, np.ones((2, 64), np.float32))
+    assert_one_line_error(run("infer", "--input", str(path)), "shape [rows, 128], got [2, 64]")
+
+
+def test_infer_rejects_a_file_that_is_not_npy(tmp_path):
+    path = tmp_path / "bad.npy"
+    path.write_text("not numpy")
+    assert_one_line_error(run("infer", "--input", str(path)), "cannot read a .npy array")
