@@ -1,0 +1,39 @@
+# One entry point for humans and CI. `make help` lists the targets.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.DEFAULT_GOAL := help
+.PHONY: help venv lint format test check serve clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+venv: $(VENV)/.installed ## create .venv with the package and its test extras
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 13), \
+	  "Python 3.10-3.13 needed: nvidia-pytriton ships Python backend stubs for those only"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+lint: venv ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: lint ## lint, then every test (starts the real tritonserver on CPU)
+	$(BIN)/pytest
+
+check: venv ## validate model_repository/ against Triton's schema and the ONNX file
+	$(BIN)/tritonstack check
+
+serve: venv ## run Triton on CPU on 127.0.0.1:8000/8001/8002
+	$(BIN)/tritonstack serve
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
