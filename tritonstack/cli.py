@@ -6,6 +6,7 @@ Every failure a user can fix ends as one line on stderr and a non-zero exit, nev
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import threading
@@ -22,6 +23,11 @@ def _repository_arg(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MODEL_REPOSITORY,
         help="model repository directory (default: this checkout's model_repository/)",
     )
+
+
+#: Commands whose module holds both their arguments and their logic: each module defines
+#: `configure(parser)` and `run(args) -> int`. Modules must import heavy dependencies lazily.
+PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -138,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for the random embeddings")
     p.add_argument("--input", type=Path, default=None, help=".npy file of shape [rows, 128]")
     p.set_defaults(func=cmd_infer)
+
+    for name, (module_name, help_text) in PLUGGED_COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text)
+        module.configure(p)
+        p.set_defaults(func=module.run)
     return parser
 
 

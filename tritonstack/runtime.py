@@ -37,6 +37,7 @@ SHM_DIR = Path("/dev/shm")
 #: Error lines tritonserver logs on every start without a GPU; harmless, so not repeated to users.
 CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "unable to create stream")
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backends"
+SHARED_FLAGS = Path(__file__).resolve().parent.parent / "scripts" / "tritonserver.flags"
 
 
 def pytriton_root() -> Path:
@@ -51,6 +52,12 @@ def pytriton_root() -> Path:
     if not (root / "bin" / "tritonserver").is_file():
         raise UserError(f"{root}/bin/tritonserver missing: reinstall nvidia-pytriton==0.7.0")
     return root
+
+
+def shared_flags(path: Path = SHARED_FLAGS) -> list[str]:
+    """The tritonserver flags both runtimes use (scripts/tritonserver.flags)."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 def default_cache_dir() -> Path:
@@ -133,16 +140,12 @@ class EmbeddedTriton:
             f"--model-repository={repository}",
             f"--backend-directory={backends}",
             f"--cache-directory={pytriton_root() / 'caches'}",
-            "--model-control-mode=none",
-            "--strict-readiness=true",
-            "--exit-on-error=true",
+            *shared_flags(),
             f"--exit-timeout-secs={self.exit_timeout_secs}",
             f"--http-address={self.address}",
             f"--http-port={self.http_port}",
             f"--grpc-address={self.address}",
             f"--grpc-port={self.grpc_port}",
-            "--allow-metrics=true",
-            "--allow-cpu-metrics=true",
             "--allow-gpu-metrics=false",
             f"--metrics-address={self.address}",
             f"--metrics-port={self.metrics_port}",

@@ -1,0 +1,35 @@
+"""Render prometheus/prometheus.yml for a Prometheus running next to the embedded runtime.
+
+The compose file's targets are service names (triton:8002, DNS discovery of Locust processes);
+on one machine without Docker the same jobs must point at loopback ports instead. Rendering from
+the committed file, rather than keeping a second one, means the scrape jobs, intervals and rule
+files that the tests prove are exactly the ones compose deploys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+PROMETHEUS_DIR = Path(__file__).resolve().parent.parent / "prometheus"
+
+
+def render(
+    triton_metrics: str,
+    locust_exporters: Sequence[str] = (),
+    source: Path = PROMETHEUS_DIR / "prometheus.yml",
+    rules_dir: Path = PROMETHEUS_DIR / "rules",
+) -> str:
+    """prometheus.yml with job `triton` -> `triton_metrics` and job `locust` -> exporters."""
+    config = yaml.safe_load(source.read_text())
+    config["rule_files"] = [str(rules_dir.resolve() / "*.yml")]
+    targets = {"triton": [triton_metrics], "locust": list(locust_exporters)}
+    for job in config["scrape_configs"]:
+        name = job["job_name"]
+        if name not in targets:
+            raise ValueError(f"{source}: job {name!r} has no local target; extend render()")
+        job.pop("dns_sd_configs", None)
+        job["static_configs"] = [{"targets": targets[name]}] if targets[name] else []
+    return yaml.safe_dump(config, sort_keys=False)
