@@ -27,7 +27,9 @@ def _repository_arg(parser: argparse.ArgumentParser) -> None:
 
 #: Commands whose module holds both their arguments and their logic: each module defines
 #: `configure(parser)` and `run(args) -> int`. Modules must import heavy dependencies lazily.
-PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {}
+PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
+    # "name": ("tritonstack.module", "one-line help"),
+}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
