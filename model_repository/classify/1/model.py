@@ -4,6 +4,20 @@ Why BLS here rather than the `pipeline` ensemble: the choice between the TensorR
 ONNX model depends on what the server has loaded, which an ensemble's static graph cannot express.
 All requests of an execute() are concatenated into a single `async_exec`, because one sub-request
 per request serialises them and loses the batching (see docs/benchmarks.md).
+
+Metrics on Triton's metrics port (pb_utils.MetricFamily; HISTOGRAM is supported by the Python
+backend of Triton 2.51, whose stub checks and sends `buckets`):
+All carry `model` (this model's name) and `target` (the sub-request's model):
+- `tritonstack_classify_routed_rows_total{model, target, runtime}`: rows sent to `classifier_trt`
+  (runtime="tensorrt") or `classifier` (runtime="onnx"): which engine really serves traffic.
+- `tritonstack_classify_subrequest_failures_total{target}`: sub-requests that came back with an
+  error.
+- `tritonstack_classify_subrequest_duration_seconds{target}`: latency of the one BLS sub-request
+  per execute(), a histogram, so Prometheus can compute its percentiles (Triton's own metrics
+  have no latency histogram).
+- `tritonstack_predictions_total{model="classify", label}`: rows by predicted label, as in
+  postprocess.
+Every series is created in initialize() so it is exported from 0 before the first request.
 """
 
 import json
@@ -14,6 +28,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 ROUTE_RECHECK_SECONDS = 5.0
+#: Sub-request latency buckets in seconds, 0.5 ms to 500 ms: the client-side histogram's range.
+SUBREQUEST_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5]
 
 
 def read_labels(model_dir: Path, config: dict) -> np.ndarray:
@@ -32,6 +48,43 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         self.route = None
         self.route_checked_at = float("-inf")
+        self.create_metrics(args["model_name"])
+
+    def create_metrics(self, model_name: str) -> None:
+        family = pb_utils.MetricFamily
+        # A family must outlive its metrics (Triton deletes them with it): all kept on self.
+        self.families = routed, failures, duration, predictions = (
+            family(
+                name="tritonstack_classify_routed_rows_total",
+                description="Rows classify sent to each classifier (runtime tensorrt or onnx)",
+                kind=family.COUNTER,
+            ),
+            family(
+                name="tritonstack_classify_subrequest_failures_total",
+                description="classify's BLS sub-requests that returned an error",
+                kind=family.COUNTER,
+            ),
+            family(
+                name="tritonstack_classify_subrequest_duration_seconds",
+                description="Latency of classify's BLS sub-request (one per execute), seconds",
+                kind=family.HISTOGRAM,
+            ),
+            family(
+                name="tritonstack_predictions_total",
+                description="Rows classified, by predicted label",
+                kind=family.COUNTER,
+            ),
+        )
+        self.routed, self.failures, self.duration = {}, {}, {}
+        for target, runtime in ((self.preferred, "tensorrt"), (self.fallback, "onnx")):
+            labels = {"model": model_name, "target": target}
+            self.routed[target] = routed.Metric(labels={**labels, "runtime": runtime})
+            self.failures[target] = failures.Metric(labels=labels)
+            self.duration[target] = duration.Metric(labels=labels, buckets=SUBREQUEST_BUCKETS)
+        self.predictions = [
+            predictions.Metric(labels={"model": model_name, "label": label.decode()})
+            for label in self.labels
+        ]
 
     def target_model(self) -> str:
         """The preferred model when it is ready, else the fallback; re-checked every few seconds.
@@ -53,13 +106,18 @@ class TritonPythonModel:
     async def execute(self, requests):
         features = [pb_utils.get_input_tensor_by_name(r, "features").as_numpy() for r in requests]
         model = self.target_model()
+        rows = np.concatenate(features)
         sub_request = pb_utils.InferenceRequest(
             model_name=model,
             requested_output_names=["class"],
-            inputs=[pb_utils.Tensor("features", np.concatenate(features))],
+            inputs=[pb_utils.Tensor("features", rows)],
         )
+        started = time.perf_counter()
         sub_response = await sub_request.async_exec()
+        self.duration[model].observe(time.perf_counter() - started)
+        self.routed[model].increment(float(len(rows)))
         if sub_response.has_error():
+            self.failures[model].increment(1.0)
             error = pb_utils.TritonError(
                 f"classify: sub-request to {model} failed: {sub_response.error().message()}"
             )
@@ -67,6 +125,9 @@ class TritonPythonModel:
         scores = pb_utils.get_output_tensor_by_name(sub_response, "class").as_numpy()
         winners = np.argmax(scores, axis=1)
         labels = self.labels[winners].reshape(-1, 1)
+        for metric, count in zip(self.predictions, np.bincount(winners), strict=False):
+            if count:
+                metric.increment(float(count))
         top = scores[np.arange(len(winners)), winners].astype(np.float32).reshape(-1, 1)
         bounds = np.cumsum([len(f) for f in features])[:-1]
         return [

@@ -4,6 +4,10 @@ Labels come from the file named by the `labels_file` parameter (one per line, cl
 so renaming a class is a data change, not a code change. The scores are also returned unchanged
 as `probabilities`, for the reason given in config.pbtxt. STRING outputs are numpy object arrays
 of bytes shaped [rows, 1]: the layout Triton serialises without a copy per element.
+
+Business metric: `tritonstack_predictions_total{model, label}` counts rows by predicted label on
+Triton's metrics port (pb_utils.MetricFamily), so a shift in the label distribution is visible in
+Prometheus. One series per label is created at start, so every label is exported from 0 on.
 """
 
 import json
@@ -29,11 +33,28 @@ class TritonPythonModel:
                 f"postprocess: labels file has {len(self.labels)} labels but input `class` has "
                 f"{classes} scores; write one label per class, in class order"
             )
+        # The family must outlive its metrics (Triton deletes them with it): keep both on self.
+        self.predictions_family = pb_utils.MetricFamily(
+            name="tritonstack_predictions_total",
+            description="Rows classified, by predicted label",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        self.predictions = [
+            self.predictions_family.Metric(
+                labels={"model": args["model_name"], "label": label.decode()}
+            )
+            for label in self.labels
+        ]
 
     def execute(self, requests):
         scores = [pb_utils.get_input_tensor_by_name(r, "class").as_numpy() for r in requests]
         # NaN rows: argmax returns the first NaN's index, so the label is deterministic.
-        labels = self.labels[np.argmax(np.concatenate(scores), axis=1)].reshape(-1, 1)
+        winners = np.argmax(np.concatenate(scores), axis=1)
+        labels = self.labels[winners].reshape(-1, 1)
+        # One increment per label present in this batch, not per row: each is a message to Triton.
+        for metric, rows in zip(self.predictions, np.bincount(winners), strict=False):
+            if rows:
+                metric.increment(float(rows))
         bounds = np.cumsum([len(s) for s in scores])[:-1]
         return [
             pb_utils.InferenceResponse(
