@@ -55,6 +55,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from tritonstack.runtime import EmbeddedTriton
+    from tritonstack.supervisor import Supervisor
 
     server = EmbeddedTriton(
         model_repository=args.model_repository,
@@ -82,10 +83,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"  gRPC     {server.grpc_url}", flush=True)
         print(f"  metrics  {server.metrics_url}", flush=True)
         print("Ctrl-C stops the server", flush=True)
-        while not stop.is_set() and server.process.poll() is None:
-            stop.wait(0.5)
-        if not stop.is_set():
-            raise UserError(f"tritonserver exited unexpectedly with code {server.process.poll()}")
+        if args.supervise:
+            supervisor = Supervisor(server, log=lambda line: print(line, flush=True))
+            watcher = threading.Thread(target=supervisor.watch, args=(stop,), daemon=True)
+            watcher.start()
+            stop.wait()
+            watcher.join()  # a restart in progress finishes before the final stop
+            if supervisor.failed:
+                raise UserError(supervisor.failed)
+        else:
+            while not stop.is_set() and server.process.poll() is None:
+                stop.wait(0.5)
+            if not stop.is_set():
+                code = server.process.poll()
+                raise UserError(f"tritonserver exited unexpectedly with code {code}")
     finally:
         code = server.stop()
     print(f"stopped (tritonserver exit code {code})", flush=True)
@@ -137,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--log-file", type=Path, default=None, help="write Triton's log here")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    p.add_argument(
+        "--no-supervise",
+        dest="supervise",
+        action="store_false",
+        help="do not probe `pipeline` every second and restart Triton when it fails",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("infer", help="classify embeddings through a running Triton")

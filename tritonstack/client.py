@@ -80,6 +80,8 @@ def infer(
             f"cannot reach Triton at {url} over {protocol} ({exc}); "
             "start it with `tritonstack serve` or `docker compose up`"
         ) from None
+    except Exception as exc:  # e.g. geventhttpclient's HTTPConnectionClosed mid-response
+        raise UserError(f"request to Triton at {url} ({protocol}) failed: {exc!r}") from None
     finally:
         client.close()
 

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import filecmp
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,30 @@ def shared_flags(path: Path = SHARED_FLAGS) -> list[str]:
     """The tritonserver flags both runtimes use (scripts/tritonserver.flags)."""
     lines = (line.strip() for line in path.read_text().splitlines())
     return [line for line in lines if line and not line.startswith("#")]
+
+
+#: Header that unlocks the restricted APIs, and the API groups it guards (Triton's names).
+ADMIN_HEADER = "tritonstack-admin-key"
+RESTRICTED_APIS = "model-repository,shared-memory,statistics,trace,logging"
+
+
+def load_admin_key() -> str:
+    """The secret for the restricted APIs: $TRITONSTACK_ADMIN_KEY, else a generated key file.
+
+    The file (~/.config/tritonstack/admin-key, mode 0600) is created on first use, so every
+    installation gets its own secret and none is ever committed.
+    """
+    key = os.environ.get("TRITONSTACK_ADMIN_KEY", "").strip()
+    if key:
+        return key
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "tritonstack"
+    path = base / "admin-key"
+    if not path.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
 
 
 def default_cache_dir() -> Path:
@@ -121,6 +146,17 @@ class EmbeddedTriton:
     served: list[str] = field(default_factory=list, init=False)
     skipped: list[str] = field(default_factory=list, init=False)
     shm_prefix: str = field(default_factory=lambda: f"tritonstack_{uuid.uuid4().hex[:12]}_")
+    admin_key: str = field(default_factory=load_admin_key, repr=False)
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers for the restricted APIs (statistics, repository index, trace, logging)."""
+        return {ADMIN_HEADER: self.admin_key}
+
+    @property
+    def grpc_admin_headers(self) -> dict[str, str]:
+        """gRPC metadata for the same APIs: Triton prefixes the key with triton-grpc-protocol-."""
+        return {f"triton-grpc-protocol-{ADMIN_HEADER}": self.admin_key}
 
     @property
     def http_url(self) -> str:
@@ -150,6 +186,8 @@ class EmbeddedTriton:
             f"--metrics-address={self.address}",
             f"--metrics-port={self.metrics_port}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             *self.extra_args,
         ]
 
