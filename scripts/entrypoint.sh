@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# Container entrypoint for Triton (Dockerfile.triton): pick GPU or CPU, prepare a servable view of
+# the read-only model repository, build TensorRT plans on GPU hosts, then `exec tritonserver`.
+#
+# GPU (a GPU answers `nvidia-smi`, or TRITONSTACK_DEVICE=gpu):
+#   - every model `<name>_trt` with platform "tensorrt_plan" and no committed plan gets one, built
+#     with trtexec from `<name>/1/model.onnx` (min 1 / opt TRT_OPT_BATCH / max max_batch_size rows,
+#     --fp16 when the GPU has fast FP16) and cached in $TRITONSTACK_CACHE under a key made of the
+#     GPU name, compute capability, TensorRT version, ONNX file hash and build options: an unchanged
+#     key reuses the plan, a changed key (new GPU, new image, new model) builds a new one;
+#   - tritonserver gets --model-config-name=gpu (configs/gpu.pbtxt where a model has one) and
+#     --allow-gpu-metrics=true; ONNX Runtime's TensorRT engine cache is keyed the same way.
+# CPU (no GPU, or TRITONSTACK_DEVICE=cpu): models that need a GPU (TensorRT plans, KIND_GPU
+#   instances) are left out of the view, as `tritonstack serve` does; `classify` then routes to
+#   `classifier`. --model-control-mode=none stays on: no load API is needed to skip them.
+#
+# The shared flags come from tritonserver.flags (scripts/tritonserver.flags in the repository);
+# arguments given to this script (compose `command:`) are appended to tritonserver's.
+# Tested outside a container with fake nvidia-smi, trtexec and tritonserver (tests/fakes/).
+set -euo pipefail
+
+HOME_DIR=${TRITONSTACK_HOME:-/opt/tritonstack}
+REPOSITORY=${MODEL_REPOSITORY:-$HOME_DIR/model_repository}
+FLAGS_FILE=${TRITONSTACK_FLAGS:-$HOME_DIR/tritonserver.flags}
+CACHE=${TRITONSTACK_CACHE:-/var/cache/tritonstack}
+VIEW=${TRITONSTACK_VIEW:-${TMPDIR:-/tmp}/tritonstack-repository}
+DEVICE=${TRITONSTACK_DEVICE:-auto}
+OPT_BATCH=${TRT_OPT_BATCH:-16}
+PRECISION=${TRT_PRECISION:-auto}
+# Shorter than compose's stop_grace_period (30s), so Triton drains in-flight requests and exits
+# before Docker's SIGKILL.
+EXIT_TIMEOUT=${TRITON_EXIT_TIMEOUT_SECS:-20}
+HTTP_PORT=${TRITON_HTTP_PORT:-8000}
+GRPC_PORT=${TRITON_GRPC_PORT:-8001}
+METRICS_PORT=${TRITON_METRICS_PORT:-8002}
+
+# Everything goes to stderr: tensorrt_plan's stdout is the plan path its caller captures.
+log() { printf '[entrypoint] %s\n' "$*" >&2; }
+die() {
+  printf '[entrypoint] ERROR: %s\n' "$*" >&2
+  exit 1
+}
+
+# --- what a config.pbtxt says (comments stripped; one model per file) ---------------------------
+
+config_text() { sed 's/#.*//' "$1/config.pbtxt"; }
+
+needs_gpu() {
+  config_text "$1" | grep -Eq 'platform:[[:space:]]*"tensorrt_plan"|KIND_GPU'
+}
+
+is_tensorrt_plan() {
+  config_text "$1" | grep -Eq 'platform:[[:space:]]*"tensorrt_plan"'
+}
+
+max_batch_size() {
+  config_text "$1" | sed -n 's/^[[:space:]]*max_batch_size:[[:space:]]*\([0-9][0-9]*\).*/\1/p' |
+    head -n 1
+}
+
+# "name dim1xdim2..." for each entry of the top-level `input [ ... ]` block.
+config_inputs() {
+  config_text "$1" | awk '
+    /^input[[:space:]]*\[/ { inside = 1; next }
+    inside && /^\]/ { inside = 0 }
+    inside && /name:/ { match($0, /"[^"]*"/); name = substr($0, RSTART + 1, RLENGTH - 2) }
+    inside && /dims:/ {
+      dims = $0; sub(/.*\[/, "", dims); sub(/\].*/, "", dims); gsub(/[[:space:],]+/, "x", dims)
+      sub(/^x/, "", dims); sub(/x$/, "", dims); print name, dims
+    }'
+}
+
+# --- GPU detection ------------------------------------------------------------------------------
+
+GPU_NAME='' GPU_CC=''
+
+detect_gpu() {
+  local out lines
+  command -v nvidia-smi >/dev/null 2>&1 || {
+    log "no nvidia-smi in the container: no GPU was handed to it"
+    return 1
+  }
+  if ! out=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>&1); then
+    log "nvidia-smi failed: ${out//$'\n'/ }"
+    return 1
+  fi
+  lines=$(printf '%s\n' "$out" | sed '/^[[:space:]]*$/d' | sort -u)
+  [[ -n $lines ]] || {
+    log "nvidia-smi lists no GPU"
+    return 1
+  }
+  if (($(printf '%s\n' "$lines" | wc -l) > 1)); then
+    die "GPUs of different kinds are visible (${lines//$'\n'/; }); a TensorRT plan runs on one" \
+      "kind only: hand the container GPUs of one model (compose device_ids)"
+  fi
+  GPU_NAME=${lines%,*}
+  GPU_CC=${lines##*,}
+  GPU_CC=${GPU_CC//[[:space:]]/}
+  log "GPU: $GPU_NAME, compute capability $GPU_CC ($(printf '%s\n' "$out" | wc -l) visible)"
+}
+
+# TensorRT reports fast FP16 on compute capability 5.3, 6.0, 6.2 and 7.0 and later.
+has_fast_fp16() {
+  local major=${GPU_CC%%.*} minor=${GPU_CC#*.}
+  ((major >= 7)) || [[ $major.$minor == 5.3 || $major.$minor == 6.0 || $major.$minor == 6.2 ]]
+}
+
+# trtexec's banner: "&&&& RUNNING TensorRT.trtexec [TensorRT v100500] # trtexec --help".
+tensorrt_version() {
+  if [[ -n ${TENSORRT_VERSION:-} ]]; then
+    printf '%s\n' "$TENSORRT_VERSION"
+    return
+  fi
+  local number
+  number=$(trtexec --help 2>&1 | sed -n 's/.*\[TensorRT v\([0-9][0-9]*\)\].*/\1/p' | head -n 1) ||
+    true
+  if [[ -n $number ]]; then
+    printf '%d.%d.%d\n' $((number / 10000)) $((number / 100 % 100)) $((number % 100))
+  else # unknown banner: the binary's hash still changes with every TensorRT release
+    printf 'trtexec-%s\n' "$(sha256sum "$(command -v trtexec)" | cut -c1-12)"
+  fi
+}
+
+slug() { printf '%s' "$*" | tr -c 'A-Za-z0-9._-' '_'; }
+
+# --- TensorRT plans -----------------------------------------------------------------------------
+
+# Prints the path of the plan for model directory $1 (built now, or reused from the cache).
+tensorrt_plan() {
+  local model=$1 name source onnx max opt inputs input dims key dir started seconds
+  name=$(basename "$model")
+  source=${name%_trt}
+  onnx=$REPOSITORY/$source/1/model.onnx
+  [[ $name != "$source" && -f $onnx ]] ||
+    die "$name: platform tensorrt_plan without $name/1/model.plan, and no ONNX twin to build it" \
+      "from (expected ${onnx}); commit a plan or name the model <onnx model>_trt"
+  max=$(max_batch_size "$model")
+  [[ -n $max && $max -gt 0 ]] || die "$name: max_batch_size must be > 0 to build a plan"
+  opt=$((OPT_BATCH < max ? OPT_BATCH : max))
+  inputs=$(config_inputs "$model")
+  [[ -n $inputs ]] || die "$name/config.pbtxt: no input with dims found"
+  local shapes=(--minShapes= --optShapes= --maxShapes=) rows=(1 "$opt" "$max") i
+  while read -r input dims; do
+    for i in 0 1 2; do
+      [[ ${shapes[i]} == *= ]] || shapes[i]+=,
+      shapes[i]+="$input:${rows[i]}x$dims"
+    done
+  done <<<"$inputs"
+  local build=(--onnx="$onnx" "${shapes[@]}")
+  case $PRECISION in
+    fp16) build+=(--fp16) ;;
+    fp32) ;;
+    auto) if has_fast_fp16; then build+=(--fp16); fi ;;
+    *) die "TRT_PRECISION=$PRECISION: use auto, fp16 or fp32" ;;
+  esac
+  key="gpu=$GPU_NAME
+compute_capability=$GPU_CC
+tensorrt=$TRT_VERSION
+onnx_sha256=$(sha256sum "$onnx" | cut -d' ' -f1)
+build=${build[*]:1}"
+  dir=$CACHE/plans/$name/$(slug "$GPU_NAME")-sm${GPU_CC//./}-trt$TRT_VERSION-$(
+    printf '%s' "$key" | sha256sum | cut -c1-12
+  )
+  if [[ -f $dir/model.plan && -f $dir/key ]] && [[ $(<"$dir/key") == "$key" ]]; then
+    log "$name: reusing the cached plan $dir/model.plan (same GPU, TensorRT and model)"
+    printf '%s\n' "$dir/model.plan"
+    return
+  fi
+  mkdir -p "$dir"
+  log "$name: building a TensorRT plan for $GPU_NAME (compute capability $GPU_CC, TensorRT $TRT_VERSION):" \
+    "trtexec ${build[*]}; first start only, usually under two minutes"
+  started=$(date +%s)
+  # trtexec's own progress goes to the container log (prefixed) and to trtexec.log in the cache.
+  if ! trtexec "${build[@]}" --saveEngine="$dir/model.plan.tmp" --skipInference 2>&1 |
+    tee "$dir/trtexec.log" | sed 's/^/  trtexec: /' >&2; then
+    rm -f "$dir/model.plan.tmp"
+    die "$name: trtexec failed; full log in $dir/trtexec.log"
+  fi
+  seconds=$(($(date +%s) - started))
+  mv "$dir/model.plan.tmp" "$dir/model.plan"
+  printf '%s\n' "$key" >"$dir/key"
+  log "$name: plan built in ${seconds} s: $dir/model.plan ($(wc -c <"$dir/model.plan") bytes)"
+  printf '%s\n' "$dir/model.plan"
+}
+
+# A model directory whose version 1 gets the built plan; everything else links to the original.
+link_with_plan() {
+  local model=$1 target=$2 plan=$3 entry
+  mkdir -p "$target/1"
+  for entry in "$model"/* "$model"/.[!.]*; do
+    [[ -e $entry && $(basename "$entry") != 1 ]] || continue
+    ln -s "$entry" "$target/$(basename "$entry")"
+  done
+  for entry in "$model"/1/* "$model"/1/.[!.]*; do
+    [[ -e $entry ]] || continue
+    ln -s "$entry" "$target/1/$(basename "$entry")"
+  done
+  ln -s "$plan" "$target/1/model.plan"
+}
+
+# --- main ---------------------------------------------------------------------------------------
+
+[[ -d $REPOSITORY ]] || die "model repository $REPOSITORY not found"
+[[ -f $FLAGS_FILE ]] || die "shared tritonserver flags $FLAGS_FILE not found"
+
+case $DEVICE in
+  auto) if detect_gpu; then DEVICE=gpu; else DEVICE=cpu; fi ;;
+  gpu) detect_gpu || die "TRITONSTACK_DEVICE=gpu but no GPU is visible; on a CPU-only host run" \
+    "docker compose -f docker-compose.yml -f compose.cpu.yml up" ;;
+  cpu) log "TRITONSTACK_DEVICE=cpu: GPU detection skipped" ;;
+  *) die "TRITONSTACK_DEVICE=$DEVICE: use auto, gpu or cpu" ;;
+esac
+log "serving on $DEVICE"
+
+if [[ $DEVICE == gpu ]]; then
+  command -v trtexec >/dev/null 2>&1 || die "trtexec not found on PATH (/usr/src/tensorrt/bin)"
+  TRT_VERSION=$(tensorrt_version)
+  log "TensorRT $TRT_VERSION"
+  # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt: $CACHE/onnxruntime-trt) is not
+  # checked against the GPU or TensorRT version, so it points into a directory keyed by both.
+  ort_dir=onnxruntime-trt-keys/$(slug "$GPU_NAME")-sm${GPU_CC//./}-trt$TRT_VERSION
+  mkdir -p "$CACHE/$ort_dir"
+  ln -sfn "$ort_dir" "$CACHE/onnxruntime-trt"
+fi
+
+rm -rf "$VIEW"
+mkdir -p "$VIEW"
+served=() skipped=()
+for model in "$REPOSITORY"/*/; do
+  model=${model%/}
+  name=$(basename "$model")
+  [[ -f $model/config.pbtxt ]] || continue
+  if [[ $DEVICE == cpu ]] && needs_gpu "$model"; then
+    skipped+=("$name")
+  elif [[ $DEVICE == gpu ]] && is_tensorrt_plan "$model" && [[ ! -e $model/1/model.plan ]]; then
+    plan=$(tensorrt_plan "$model")
+    link_with_plan "$model" "$VIEW/$name" "$plan"
+    served+=("$name")
+  else
+    ln -s "$model" "$VIEW/$name"
+    served+=("$name")
+  fi
+done
+((${#served[@]})) || die "no servable model in $REPOSITORY"
+log "models: ${served[*]}"
+((${#skipped[@]} == 0)) || log "not served on CPU (GPU only): ${skipped[*]}"
+
+shared=()
+while IFS= read -r line || [[ -n $line ]]; do
+  line=${line#"${line%%[![:space:]]*}"}
+  line=${line%"${line##*[![:space:]]}"}
+  [[ -z $line || $line == \#* ]] || shared+=("$line")
+done <"$FLAGS_FILE"
+
+args=(
+  --model-repository="$VIEW"
+  "${shared[@]}"
+  --exit-timeout-secs="$EXIT_TIMEOUT"
+  --http-port="$HTTP_PORT"
+  --grpc-port="$GRPC_PORT"
+  --metrics-port="$METRICS_PORT"
+)
+if [[ $DEVICE == gpu ]]; then
+  args+=(--allow-gpu-metrics=true --model-config-name=gpu)
+else
+  args+=(--allow-gpu-metrics=false)
+fi
+log "exec tritonserver ${args[*]} $*"
+exec tritonserver "${args[@]}" "$@"
