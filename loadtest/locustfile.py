@@ -1,0 +1,96 @@
+"""Locust entry point for load tests against Triton: options, the selected shape, and wiring.
+
+    locust -f loadtest/locustfile.py --config loadtest/locust.conf --host http://127.0.0.1:8000
+
+Options (command line, locust.conf, LOCUST_<NAME> variables, and the web UI's form):
+`--model` classifier | pipeline | classify, `--user-type` http_json | http_binary | grpc,
+`--rows` 1-64 | mix, `--shape` step | spike | soak (empty: constant load), `--grpc-host`
+(default: the --host's name on port 8001), `--labels-file`. Gates (`--max-p99-ms`,
+`--max-fail-ratio`) are in gates.py, the Prometheus exporter in exporter.py.
+
+The user type and the shape are options rather than Locust's user-class arguments and one
+LoadTestShape class per shape, because Locust always runs the first shape class a locustfile
+defines: one `SelectedShape` reads `--shape` and `--user-type` on every tick, so both can be
+changed from the web UI like any other option, on a master as well as in a single process.
+"""
+
+from __future__ import annotations
+
+import exporter
+import gates
+from locust import LoadTestShape, events
+from shapes import SHAPES
+from users import (
+    DEFAULT_LABELS_FILE,
+    USER_TYPES,
+    GrpcUser,
+    HttpBinaryUser,
+    HttpJsonUser,
+    parse_rows,
+    read_labels,
+)
+
+# Locust runs the User classes it finds in this module; SelectedShape picks one per --user-type.
+__all__ = ["GrpcUser", "HttpBinaryUser", "HttpJsonUser", "SelectedShape"]
+
+MODELS = ("classifier", "pipeline", "classify")
+
+exporter.register(events)
+gates.register(events)
+
+
+@events.init_command_line_parser.add_listener
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--model", choices=MODELS, default="pipeline", env_var="LOCUST_MODEL",
+        help="Triton model to call",
+    )  # fmt: skip
+    parser.add_argument(
+        "--user-type", choices=sorted(USER_TYPES), default="http_json",
+        env_var="LOCUST_USER_TYPE", help="protocol: KServe JSON, binary tensors, or gRPC",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rows", default="1", env_var="LOCUST_ROWS",
+        help="embeddings per request: 1-64, or 'mix' (mostly 1, sometimes 4, 16, 64)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES), default="", env_var="LOCUST_SHAPE",
+        help="load shape: step, spike or soak; empty for constant load",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grpc-host", default="", env_var="LOCUST_GRPC_HOST",
+        help="Triton gRPC host:port (default: the --host's name, port 8001)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--labels-file", default=str(DEFAULT_LABELS_FILE), env_var="LOCUST_LABELS_FILE",
+        include_in_web_ui=False, help="the class labels responses must come from",
+    )  # fmt: skip
+
+
+@events.init.add_listener
+def check_options(environment, **_kwargs) -> None:
+    """Fail at start, with one message, on an option the users would trip on later."""
+    options = environment.parsed_options
+    if options is None:
+        return
+    try:
+        parse_rows(options.rows)
+        read_labels(options.labels_file)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None  # one line, exit code 1, no traceback
+
+
+class SelectedShape(LoadTestShape):
+    """The shape named by `--shape`, running the user class named by `--user-type`."""
+
+    use_common_options = True  # --users, --spawn-rate and --run-time still apply
+
+    def tick(self):
+        options = self.runner.environment.parsed_options
+        stage = SHAPES[options.shape or ""](
+            self.get_run_time(), options.num_users or 1, options.spawn_rate or 1, options.run_time
+        )
+        if stage is None:
+            return None
+        users, spawn_rate = stage
+        return users, spawn_rate, [USER_TYPES[options.user_type]]

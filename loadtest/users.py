@@ -1,0 +1,317 @@
+"""Locust users: one class per way of calling Triton, each checking what comes back.
+
+Every user sends `features` FP32 [rows, 128] to one model and fails the request unless the answer
+is right in *content*, not only in status: the expected outputs with the expected shapes, scores
+that are probabilities, labels from the labels file, and (for `pipeline`) the label of the
+highest-scoring class. Options (model, rows, labels file, gRPC address) come from Locust's
+parsed options, so the command line, locust.conf, LOCUST_* variables and the web UI all set them.
+
+Users wait zero seconds between requests: a closed loop where the number of users is the number
+of requests in flight, which is what drives Triton's dynamic batcher.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import grpc.experimental.gevent as grpc_gevent
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from locust import FastHttpUser, User, constant, task
+
+# gRPC's C core blocks the whole process unless it cooperates with gevent; this must run before
+# any channel exists (Locust has already monkey-patched the standard library at this point).
+grpc_gevent.init_gevent()
+
+#: What each public model returns (tritonstack/client.py's MODEL_OUTPUTS, repeated here because
+#: the Locust image installs loadtest/requirements.txt, not the tritonstack package).
+MODEL_OUTPUTS = {
+    "classifier": ("class",),
+    "pipeline": ("label", "class"),
+    "classify": ("label", "score"),
+}
+MAX_ROWS = 64  # every model's max_batch_size
+#: `--rows mix`: mostly single embeddings, sometimes a page of results to re-rank.
+ROWS_MIX = ((1, 0.6), (4, 0.25), (16, 0.1), (64, 0.05))
+#: Distinct payloads prepared per rows value, sent in turn (building one costs client CPU).
+PAYLOADS_PER_ROWS = 8
+#: A copy of model_repository/postprocess/labels.txt, so that a Locust container needs only this
+#: folder; tests/test_loadtest.py fails when the two differ.
+DEFAULT_LABELS_FILE = Path(__file__).resolve().parent / "labels.txt"
+TIMEOUT_S = 10.0
+
+
+class ValidationError(Exception):
+    """The server answered, but not with a correct classification."""
+
+
+def parse_rows(value: str) -> tuple[tuple[int, float], ...]:
+    """`--rows` as (rows, weight) choices: an integer 1-64, or `mix`."""
+    if value == "mix":
+        return ROWS_MIX
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = 0
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"--rows must be an integer from 1 to {MAX_ROWS} or 'mix', got {value!r}")
+    return ((rows, 1.0),)
+
+
+@functools.cache
+def read_labels(path: str) -> tuple[str, ...]:
+    """The class labels, one per line in class order (model_repository/postprocess/labels.txt)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(
+            f"cannot read the labels file {path} ({exc.strerror}); set --labels-file or "
+            "LOCUST_LABELS_FILE to model_repository/postprocess/labels.txt"
+        ) from None
+    labels = tuple(line for line in lines if line)
+    if len(labels) != 2:
+        raise ValueError(f"{path}: expected 2 labels, one per line, found {len(labels)}")
+    return labels
+
+
+def check_outputs(
+    model: str, rows: int, outputs: dict[str, np.ndarray], labels: tuple[str, ...]
+) -> None:
+    """Raise ValidationError unless `outputs` is a correct answer of `model` for `rows` rows."""
+    missing = set(MODEL_OUTPUTS[model]) - {k for k, v in outputs.items() if v is not None}
+    if missing:
+        raise ValidationError(f"missing output(s) {sorted(missing)}")
+    expected = {"class": (rows, 2), "label": (rows, 1), "score": (rows, 1)}
+    for name in MODEL_OUTPUTS[model]:
+        if outputs[name].shape != expected[name]:
+            raise ValidationError(
+                f"output {name!r} has shape {list(outputs[name].shape)}, "
+                f"expected {list(expected[name])}"
+            )
+    for name in ("class", "score"):
+        if name in outputs:
+            values = np.asarray(outputs[name], dtype=np.float64)
+            if not np.all((values >= 0.0) & (values <= 1.0)):
+                raise ValidationError(f"output {name!r} has values outside [0, 1]")
+    if "class" in outputs and not np.allclose(outputs["class"].sum(axis=1), 1.0, atol=1e-3):
+        raise ValidationError("output 'class' rows do not sum to 1")
+    if "label" in outputs:
+        names = [v.decode() if isinstance(v, bytes) else str(v) for v in outputs["label"][:, 0]]
+        unknown = sorted(set(names) - set(labels))
+        if unknown:
+            raise ValidationError(f"label(s) {unknown} not in the labels file {list(labels)}")
+        if "class" in outputs:
+            argmax = [labels[i] for i in np.asarray(outputs["class"]).argmax(axis=1)]
+            if names != argmax:
+                raise ValidationError("label does not match the highest-scoring class")
+
+
+def embeddings(rows: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.standard_normal((rows, 128)).astype(np.float32)
+
+
+def grpc_target(options) -> str:
+    """`--grpc-host`, or the HTTP host's name with Triton's gRPC port 8001."""
+    if options.grpc_host:
+        return options.grpc_host.removeprefix("grpc://")
+    host = urlsplit(options.host if "://" in options.host else f"http://{options.host}")
+    return f"{host.hostname}:8001"
+
+
+class TritonUser(User):
+    """Common options and payload rotation; subclasses send and check one request."""
+
+    abstract = True
+    wait_time = constant(0)
+    #: The value of `--user-type` that selects this class, and the exporter's `user_type` label.
+    user_type = ""
+
+    def on_start(self) -> None:
+        options = self.environment.parsed_options
+        self.model = options.model
+        self.labels = read_labels(options.labels_file)
+        choices = parse_rows(options.rows)
+        self.rows_choices = [rows for rows, _ in choices]
+        self.rows_weights = [weight for _, weight in choices]
+        self.random = random.Random()
+        rng = np.random.default_rng()
+        self.payloads = {
+            rows: [self.payload(embeddings(rows, rng)) for _ in range(PAYLOADS_PER_ROWS)]
+            for rows in self.rows_choices
+        }
+
+    def context(self) -> dict:
+        """Added to every request event: the exporter labels its metrics with it."""
+        return {"user_type": self.user_type, "model": self.model}
+
+    def next_payload(self):
+        rows = self.random.choices(self.rows_choices, self.rows_weights)[0]
+        return rows, self.random.choice(self.payloads[rows])
+
+    def request_name(self, rows: int) -> str:
+        return f"{self.model} rows={rows}"
+
+    def payload(self, features: np.ndarray):
+        raise NotImplementedError
+
+
+class HttpJsonUser(TritonUser, FastHttpUser):
+    """KServe v2 JSON over HTTP: what any client without Triton's library sends."""
+
+    abstract = False
+    user_type = "http_json"
+
+    def payload(self, features: np.ndarray) -> bytes:
+        tensor = {
+            "name": "features",
+            "shape": list(features.shape),
+            "datatype": "FP32",
+            "data": features.ravel().tolist(),
+        }
+        return json.dumps({"inputs": [tensor]}).encode()
+
+    @task
+    def infer(self) -> None:
+        rows, body = self.next_payload()
+        with self.client.post(
+            f"/v2/models/{self.model}/infer",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            name=self.request_name(rows),
+            catch_response=True,
+        ) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                return
+            try:
+                answer = response.json()
+                outputs = {
+                    out["name"]: np.array(
+                        out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
+                    ).reshape(out["shape"])
+                    for out in answer["outputs"]
+                }
+                check_outputs(self.model, rows, outputs, self.labels)
+            except (ValidationError, ValueError, KeyError, TypeError) as exc:
+                response.failure(f"bad answer: {exc}")
+            else:
+                response.success()
+
+
+class HttpBinaryUser(TritonUser, FastHttpUser):
+    """HTTP with Triton's binary tensor extension: a JSON header, then raw little-endian tensors.
+
+    The body and the answer go through tritonclient.http's own `generate_request_body` and
+    `parse_response_body`, so the wire format is exactly the library's; Locust's FastHttpUser
+    sends it (tritonclient's HTTP client is not safe to share and would hide the timing).
+    """
+
+    abstract = False
+    user_type = "http_binary"
+
+    def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        tensor = httpclient.InferInput("features", list(features.shape), "FP32")
+        tensor.set_data_from_numpy(features, binary_data=True)
+        outputs = [
+            httpclient.InferRequestedOutput(name, binary_data=True)
+            for name in MODEL_OUTPUTS[self.model]
+        ]
+        body, json_size = httpclient.InferenceServerClient.generate_request_body(
+            [tensor], outputs=outputs
+        )
+        headers = {"Content-Type": "application/octet-stream"}
+        if json_size is not None:
+            headers["Inference-Header-Content-Length"] = str(json_size)
+        return body, headers
+
+    @task
+    def infer(self) -> None:
+        rows, (body, headers) = self.next_payload()
+        with self.client.post(
+            f"/v2/models/{self.model}/infer",
+            data=body,
+            headers=headers,
+            name=self.request_name(rows),
+            catch_response=True,
+        ) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                return
+            try:
+                length = response.headers.get("Inference-Header-Content-Length")
+                result = httpclient.InferenceServerClient.parse_response_body(
+                    response.content, header_length=int(length) if length else None
+                )
+                outputs = {name: result.as_numpy(name) for name in MODEL_OUTPUTS[self.model]}
+                check_outputs(self.model, rows, outputs, self.labels)
+            except Exception as exc:  # a malformed body raises from deep in tritonclient
+                response.failure(f"bad answer: {exc}")
+            else:
+                response.success()
+
+
+class GrpcUser(TritonUser):
+    """gRPC through tritonclient.grpc, one client (one channel) per user.
+
+    Locust does not time gRPC calls itself: each call is timed here and reported through
+    `environment.events.request`, the same event Locust's HTTP clients fire, so statistics,
+    failures, gates and the Prometheus exporter treat every user type alike.
+    """
+
+    abstract = False
+    user_type = "grpc"
+
+    def on_start(self) -> None:
+        self.target = grpc_target(self.environment.parsed_options)
+        self.grpc = grpcclient.InferenceServerClient(url=self.target)
+        super().on_start()
+
+    def on_stop(self) -> None:
+        self.grpc.close()
+
+    def payload(self, features: np.ndarray) -> grpcclient.InferInput:
+        tensor = grpcclient.InferInput("features", list(features.shape), "FP32")
+        tensor.set_data_from_numpy(features)
+        return tensor
+
+    @task
+    def infer(self) -> None:
+        rows, tensor = self.next_payload()
+        outputs = [grpcclient.InferRequestedOutput(name) for name in MODEL_OUTPUTS[self.model]]
+        exception = None
+        length = 0
+        start = time.perf_counter()
+        try:
+            result = self.grpc.infer(
+                self.model, [tensor], outputs=outputs, client_timeout=TIMEOUT_S
+            )
+        except Exception as exc:  # InferenceServerException: status, deadline, connection
+            result, exception = None, exc
+        elapsed_ms = (time.perf_counter() - start) * 1000.0  # the call only, not the checks
+        if result is not None:
+            length = result.get_response().ByteSize()
+            try:
+                answer = {name: result.as_numpy(name) for name in MODEL_OUTPUTS[self.model]}
+                check_outputs(self.model, rows, answer, self.labels)
+            except Exception as exc:  # ValidationError or an undecodable tensor
+                exception = ValidationError(f"bad answer: {exc}")
+        self.environment.events.request.fire(
+            request_type="gRPC",
+            name=self.request_name(rows),
+            response_time=elapsed_ms,
+            response_length=length,
+            exception=exception,
+            context=self.context(),
+        )
+
+
+#: `--user-type` values.
+USER_TYPES: dict[str, type[TritonUser]] = {
+    cls.user_type: cls for cls in (HttpJsonUser, HttpBinaryUser, GrpcUser)
+}
