@@ -1,0 +1,311 @@
+"""`tritonstack loadtest`: a headless Locust run with pass/fail gates, and the same as an API.
+
+Locust runs as a subprocess (`python -m locust -f loadtest/locustfile.py`): it monkey-patches the
+standard library with gevent on import, which must not happen inside the caller (the CLI, pytest,
+`tritonstack bench`). The run writes into its results folder:
+
+    locust_stats.csv, locust_failures.csv, locust_exceptions.csv, locust_stats_history.csv
+    report.html        Locust's HTML report
+    verdict.json       Locust's totals when it quit, and the failed gates (loadtest/gates.py)
+    exporter.prom      the Prometheus exporter's final metrics (loadtest/exporter.py)
+    locust.log         Locust's own output
+
+The gates are evaluated inside Locust by a `quitting` listener (loadtest/gates.py explains why);
+this module passes them through, and reads the verdict to print one line per outcome. Triton is
+never started here: point --host at `tritonstack serve` or the compose stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonstack.errors import UserError
+
+LOADTEST_DIR = Path(__file__).resolve().parent.parent / "loadtest"
+LOCUSTFILE = LOADTEST_DIR / "locustfile.py"
+LOCUST_CONF = LOADTEST_DIR / "locust.conf"
+MODELS = ("classifier", "pipeline", "classify")
+USER_TYPES = ("http_json", "http_binary", "grpc")
+SHAPES = ("step", "spike", "soak")
+#: Exit code of Locust when a gate failed (loadtest/gates.py GATE_FAILED_EXIT_CODE).
+GATE_FAILED_EXIT_CODE = 3
+
+
+@dataclass
+class LoadtestResult:
+    """Locust's totals at the end of a run (percentiles in ms, as Locust rounds them)."""
+
+    requests: int
+    failures: int
+    fail_ratio: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    rps: float
+    exit_code: int
+    results_dir: Path
+    gate_failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    def summary(self) -> str:
+        def ms(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:g} ms"
+
+        return (
+            f"{self.requests} requests, {self.failures} failed ({self.fail_ratio:.2%}), "
+            f"{self.rps:.1f} req/s, p50 {ms(self.p50_ms)}, p95 {ms(self.p95_ms)}, "
+            f"p99 {ms(self.p99_ms)}; results in {self.results_dir}"
+        )
+
+
+def locust_command(
+    *,
+    http_url: str,
+    grpc_url: str,
+    model: str,
+    user_type: str,
+    users: int,
+    spawn_rate: float,
+    duration_s: float,
+    rows: str,
+    results_dir: Path,
+    shape: str | None,
+    max_p99_ms: float | None,
+    max_fail_ratio: float | None,
+) -> list[str]:
+    command = [
+        sys.executable, "-m", "locust",
+        "-f", str(LOCUSTFILE), "--config", str(LOCUST_CONF),
+        "--headless", "--only-summary", "--loglevel", "INFO",
+        "--host", f"http://{http_url.removeprefix('http://')}",
+        "--grpc-host", grpc_url,
+        "--model", model, "--user-type", user_type, "--rows", str(rows),
+        f"--shape={shape or ''}",
+        "--users", str(users), "--spawn-rate", f"{spawn_rate:g}",
+        "--run-time", f"{max(1, round(duration_s))}s",
+        "--csv", str(results_dir / "locust"),
+        "--html", str(results_dir / "report.html"),
+        "--verdict-file", str(results_dir / "verdict.json"),
+        "--metrics-snapshot", str(results_dir / "exporter.prom"),
+    ]  # fmt: skip
+    if max_p99_ms is not None:
+        command += ["--max-p99-ms", f"{max_p99_ms:g}"]
+    if max_fail_ratio is not None:
+        command += ["--max-fail-ratio", f"{max_fail_ratio:g}"]
+    return command
+
+
+def run_headless(
+    *,
+    http_url: str,
+    grpc_url: str,
+    model: str = "pipeline",
+    user_type: str = "http_json",
+    users: int = 16,
+    spawn_rate: float = 16,
+    duration_s: float = 15,
+    rows: str = "1",
+    metrics_port: int | None = None,
+    results_dir: Path,
+    shape: str | None = None,
+    max_p99_ms: float | None = None,
+    max_fail_ratio: float | None = None,
+) -> LoadtestResult:
+    """Run Locust headless against a running Triton and return its totals.
+
+    `http_url` / `grpc_url` are "host:port" (the style of EmbeddedTriton.http_url). With
+    `metrics_port`, the exporter serves http://127.0.0.1:<metrics_port>/metrics while the run
+    lasts; without it, nothing listens. LOCUST_* variables of the caller are not passed on, so a
+    run depends on its arguments only. Raises UserError when Locust stops without a verdict.
+    """
+    results_dir = Path(results_dir).resolve()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("verdict.json", "exporter.prom"):
+        (results_dir / stale).unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
+    env["LOCUST_METRICS_PORT"] = str(metrics_port or 0)
+    env["LOCUST_METRICS_ADDR"] = "127.0.0.1"
+    command = locust_command(
+        http_url=http_url,
+        grpc_url=grpc_url,
+        model=model,
+        user_type=user_type,
+        users=users,
+        spawn_rate=spawn_rate,
+        duration_s=duration_s,
+        rows=rows,
+        results_dir=results_dir,
+        shape=shape,
+        max_p99_ms=max_p99_ms,
+        max_fail_ratio=max_fail_ratio,
+    )
+    log = results_dir / "locust.log"
+    with open(log, "wb") as output:
+        # cwd: Locust also reads ./locust.conf and ./pyproject.toml; the results folder has none.
+        process = subprocess.Popen(
+            command, cwd=results_dir, env=env, stdout=output, stderr=subprocess.STDOUT
+        )
+        try:
+            exit_code = process.wait(timeout=duration_s + 60)
+        except subprocess.TimeoutExpired:
+            process.terminate()  # Locust's SIGTERM handler still writes its results
+            try:
+                exit_code = process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                exit_code = process.wait()
+        except BaseException:
+            process.terminate()
+            process.wait()
+            raise
+    verdict_file = results_dir / "verdict.json"
+    if not verdict_file.is_file():
+        lines = log.read_text(errors="replace").strip().splitlines()
+        errors = [line for line in lines if "error" in line.lower()]
+        reason = (errors or lines or ["no output"])[-1].strip()
+        raise UserError(
+            f"locust exited with code {exit_code} before the end of the run: {reason} "
+            f"(full output: {log})"
+        )
+    verdict = json.loads(verdict_file.read_text())
+    return LoadtestResult(
+        requests=verdict["requests"],
+        failures=verdict["failures"],
+        fail_ratio=verdict["fail_ratio"],
+        p50_ms=verdict["p50_ms"],
+        p95_ms=verdict["p95_ms"],
+        p99_ms=verdict["p99_ms"],
+        rps=verdict["rps"],
+        exit_code=exit_code,
+        results_dir=results_dir,
+        gate_failures=list(verdict["failed"]),
+    )
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from "90", "30s", "5m", "1h30m" (Locust's --run-time syntax)."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    else:
+        match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+        if not text or match is None:
+            raise UserError(f"--duration {text!r}: use seconds or e.g. 30s, 5m, 1h30m")
+        hours, minutes, secs = (int(g or 0) for g in match.groups())
+        seconds = hours * 3600 + minutes * 60 + secs
+    if seconds < 1:
+        raise UserError(f"--duration {text!r}: at least 1 second")
+    return seconds
+
+
+def check_rows(value: str) -> str:
+    if value != "mix" and not (value.isdigit() and 1 <= int(value) <= 64):
+        raise UserError(f"--rows {value!r}: use an integer from 1 to 64, or mix")
+    return value
+
+
+def check_reachable(http_url: str, model: str) -> None:
+    """One clear line instead of a run where every request fails to connect."""
+    url = f"http://{http_url.removeprefix('http://')}/v2/models/{model}/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return
+    except urllib.error.HTTPError as exc:
+        raise UserError(f"model {model!r} is not ready at {http_url} (HTTP {exc.code})") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(
+            f"cannot reach Triton at {http_url} ({reason}); "
+            "start it with `tritonstack serve` or `docker compose up`"
+        ) from None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=MODELS, default="pipeline")
+    parser.add_argument("--user-type", choices=USER_TYPES, default="http_json")
+    parser.add_argument("--users", type=int, default=32, help="peak concurrent users (default 32)")
+    parser.add_argument(
+        "--spawn-rate", type=float, default=None, help="users started per second (default: all)"
+    )
+    parser.add_argument("--duration", default="30s", help="e.g. 30s, 5m (default 30s)")
+    parser.add_argument("--rows", default="1", help="embeddings per request: 1-64 or mix")
+    parser.add_argument("--shape", choices=SHAPES, default=None, help="default: constant load")
+    parser.add_argument("--host", default="127.0.0.1:8000", help="Triton HTTP host:port")
+    parser.add_argument(
+        "--grpc-host", default=None, help="Triton gRPC host:port (default: --host's name, :8001)"
+    )
+    parser.add_argument("--max-p99-ms", type=float, default=None, help="gate: p99 latency")
+    parser.add_argument(
+        "--max-fail-ratio", type=float, default=None, help="gate: failed/all requests (0-1)"
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="results folder (default: results/loadtest-<date>-<time>)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve the client metrics on 127.0.0.1:PORT during the run (default: off)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    duration_s = parse_duration(args.duration)
+    rows = check_rows(args.rows)
+    if args.users < 1:
+        raise UserError(f"--users {args.users}: at least 1")
+    if args.max_fail_ratio is not None and not 0 <= args.max_fail_ratio <= 1:
+        raise UserError(f"--max-fail-ratio {args.max_fail_ratio:g}: a ratio from 0 to 1")
+    host = args.host.removeprefix("http://")
+    grpc_host = args.grpc_host or f"{host.rsplit(':', 1)[0]}:8001"
+    results = args.results or Path("results") / time.strftime("loadtest-%Y%m%d-%H%M%S")
+    check_reachable(host, args.model)
+    print(
+        f"loadtest: {args.model}, {args.user_type}, {args.users} users, rows {rows}, "
+        f"{args.shape or 'constant'} for {duration_s:g} s against {host}",
+        flush=True,
+    )
+    result = run_headless(
+        http_url=host,
+        grpc_url=grpc_host,
+        model=args.model,
+        user_type=args.user_type,
+        users=args.users,
+        spawn_rate=args.spawn_rate or args.users,
+        duration_s=duration_s,
+        rows=rows,
+        metrics_port=args.metrics_port,
+        results_dir=results,
+        shape=args.shape,
+        max_p99_ms=args.max_p99_ms,
+        max_fail_ratio=args.max_fail_ratio,
+    )
+    print(result.summary(), flush=True)
+    if result.gate_failures:
+        print(f"gate failed: {'; '.join(result.gate_failures)}", file=sys.stderr)
+        return result.exit_code or GATE_FAILED_EXIT_CODE
+    if result.exit_code != 0:
+        detail = (
+            f"{result.failures} of {result.requests} requests failed, see "
+            f"{result.results_dir / 'locust_failures.csv'}"
+            if result.failures
+            else f"see {result.results_dir / 'locust.log'}"
+        )
+        print(f"locust exited with code {result.exit_code}: {detail}", file=sys.stderr)
+    return result.exit_code
