@@ -29,6 +29,7 @@ def _repository_arg(parser: argparse.ArgumentParser) -> None:
 #: `configure(parser)` and `run(args) -> int`. Modules must import heavy dependencies lazily.
 PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
     # "name": ("tritonstack.module", "one-line help"),
+    "loadtest": ("tritonstack.loadtest", "headless Locust run with pass/fail gates"),
     "dashboards": ("tritonstack.dashboards", "regenerate grafana/dashboards/*.json"),
     "top": ("tritonstack.top", "live per-model view of Triton's metrics in the terminal"),
 }
