@@ -32,6 +32,7 @@ PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
     "loadtest": ("tritonstack.loadtest", "headless Locust run with pass/fail gates"),
     "dashboards": ("tritonstack.dashboards", "regenerate grafana/dashboards/*.json"),
     "top": ("tritonstack.top", "live per-model view of Triton's metrics in the terminal"),
+    "up": ("tritonstack.stack", "Triton, Prometheus and the Locust web UI on loopback, no Docker"),
 }
 
 

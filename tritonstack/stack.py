@@ -1,0 +1,364 @@
+"""`tritonstack up`: Triton, Prometheus and the Locust web UI on loopback, without Docker.
+
+The same three services as the compose stack, on one machine: the embedded Triton
+(tritonstack.runtime), Prometheus with the project's scrape jobs and rules rendered for loopback
+(tritonstack.promconfig), and Locust's web UI driving Triton with the project's locustfile and
+serving its client-side metrics to Prometheus. Prometheus is optional: without the binary the
+rest runs and one line says how to get it.
+
+Every child runs in its own process group with PR_SET_PDEATHSIG, so Ctrl-C, SIGTERM, a crash of
+one child, or a kill of this process itself leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
+LOCUST_CONF = ROOT / "loadtest" / "locust.conf"
+ADDRESS = "127.0.0.1"
+HOW_TO_GET_PROMETHEUS = (
+    "`sudo apt-get install prometheus` (Debian/Ubuntu; then `sudo systemctl disable --now "
+    "prometheus` if you do not want the system service) or a release from "
+    "https://prometheus.io/download/, then put it on PATH or pass --prometheus-bin"
+)
+
+
+class _Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while the stack was still starting."""
+
+
+@dataclass
+class Child:
+    """A helper process (Prometheus, Locust) in its own process group, logging to a file."""
+
+    name: str
+    command: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    process: subprocess.Popen | None = field(default=None, init=False)
+
+    def start(self) -> Child:
+        from tritonstack.runtime import _die_with_parent
+
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        return self
+
+    def poll(self) -> int | None:
+        return self.process.poll() if self.process else None
+
+    def terminate(self) -> None:
+        """SIGTERM to the whole group (both exit cleanly on it); wait() finishes the job."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+
+    def wait(self, timeout: float = 20.0) -> int | None:
+        """Wait for the exit, SIGKILL the group if it is late, and reap stray group members."""
+        if self.process is None:
+            return None
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        return self.process.returncode
+
+    def log_tail(self) -> str:
+        return _tail(self.name, self.log_path)
+
+
+def _tail(name: str, path: Path, lines: int = 15) -> str:
+    """The last lines of a service's log, prefixed with its name (logs live in a temp dir)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"  {name}| (no log)"
+    return "\n".join(f"  {name}| {line}" for line in text[-lines:])
+
+
+def _check_ports(ports: dict[str, int]) -> None:
+    """One clear error for a port that is taken, before anything starts."""
+    seen: dict[int, str] = {}
+    for option, port in ports.items():
+        if port in seen:
+            raise UserError(f"{option} and {seen[port]} are both {port}; give each its own port")
+        seen[port] = option
+        with socket.socket() as s:
+            try:
+                s.bind((ADDRESS, port))
+            except OSError as exc:
+                raise UserError(
+                    f"{ADDRESS}:{port} is not free ({exc.strerror}); pick another with {option}"
+                ) from None
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _wait_http(child: Child, url: str, timeout: float) -> None:
+    """Until `url` answers 200; a child that exits or a deadline passed is a UserError."""
+    deadline = time.monotonic() + timeout
+    while not _answers(url):
+        if child.poll() is not None:
+            print(child.log_tail(), file=sys.stderr)
+            raise UserError(f"{child.name} exited with code {child.poll()} while starting")
+        if time.monotonic() > deadline:
+            print(child.log_tail(), file=sys.stderr)
+            raise UserError(f"{child.name} did not answer {url} within {timeout:.0f} s")
+        time.sleep(0.3)
+
+
+def find_prometheus(option: str | None) -> str | None:
+    """The binary to run, or None after one line saying how to get it."""
+    path = option or shutil.which("prometheus")
+    if path and Path(path).is_file() and os.access(path, os.X_OK):
+        return path
+    where = f"{option} is not an executable file" if option else "prometheus is not on PATH"
+    print(
+        f"Prometheus not started: {where}. Get it with {HOW_TO_GET_PROMETHEUS}.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return None
+
+
+def prometheus_child(binary: str, args: argparse.Namespace, run_dir: Path, logs: Path) -> Child:
+    from tritonstack.promconfig import render
+
+    exporters = [] if args.no_locust else [f"{ADDRESS}:{args.locust_metrics_port}"]
+    config = run_dir / "prometheus.yml"
+    config.write_text(render(f"{ADDRESS}:{args.metrics_port}", exporters))
+    data = args.prometheus_data or run_dir / "prometheus-data"
+    return Child(
+        "prometheus",
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address={ADDRESS}:{args.prometheus_port}",
+            "--storage.tsdb.retention.time=1d",
+        ],
+        logs / "prometheus.log",
+    )
+
+
+def locust_child(args: argparse.Namespace, logs: Path) -> Child:
+    locustfile = Path(args.locustfile).resolve()
+    if not locustfile.is_file():
+        raise UserError(f"{locustfile} not found; pass --locustfile or --no-locust")
+    command = [sys.executable, "-m", "locust", "-f", str(locustfile)]
+    if args.locust_config is not None:
+        if not Path(args.locust_config).exists():
+            raise UserError(f"{args.locust_config} not found; pass --locust-config")
+        command += ["--config", str(Path(args.locust_config).resolve())]
+    command += [
+        "--web-host", ADDRESS,
+        "--web-port", str(args.locust_port),
+        "--host", f"http://{ADDRESS}:{args.http_port}",
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env["LOCUST_METRICS_ADDR"] = ADDRESS
+    env["LOCUST_METRICS_PORT"] = str(args.locust_metrics_port)
+    return Child("locust", command, logs / "locust.log", env=env, cwd=ROOT)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=DEFAULT_MODEL_REPOSITORY,
+        help="model repository directory (default: this checkout's model_repository/)",
+    )
+    ports = parser.add_argument_group("ports (all on 127.0.0.1)")
+    ports.add_argument("--http-port", type=int, default=8000, help="Triton HTTP")
+    ports.add_argument("--grpc-port", type=int, default=8001, help="Triton gRPC")
+    ports.add_argument("--metrics-port", type=int, default=8002, help="Triton metrics")
+    ports.add_argument("--prometheus-port", type=int, default=9090)
+    ports.add_argument("--locust-port", type=int, default=8089, help="Locust web UI")
+    ports.add_argument(
+        "--locust-metrics-port", type=int, default=9646, help="Locust's client-metrics exporter"
+    )
+    parser.add_argument(
+        "--prometheus-bin", default=None, help="Prometheus binary (default: `prometheus` on PATH)"
+    )
+    parser.add_argument(
+        "--prometheus-data",
+        type=Path,
+        default=None,
+        help="keep Prometheus' TSDB here (default: a temporary directory removed on exit)",
+    )
+    parser.add_argument("--locustfile", type=Path, default=LOCUSTFILE)
+    parser.add_argument(
+        "--locust-config", type=Path, default=LOCUST_CONF, help="Locust's configuration file"
+    )
+    parser.add_argument("--no-locust", action="store_true", help="do not start Locust")
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="keep each service's log here (default: a temporary directory removed on exit)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds to wait for each service"
+    )
+
+
+@dataclass
+class _Stack:
+    triton: object | None = None
+    children: list[Child] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """Load generator first, then Prometheus, then Triton (which drains in-flight requests)."""
+        for child in reversed(self.children):
+            child.terminate()
+        if self.triton is not None:
+            self.triton.stop()
+        for child in reversed(self.children):
+            child.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    from tritonstack.runtime import EmbeddedTriton
+
+    ports = {
+        "--http-port": args.http_port,
+        "--grpc-port": args.grpc_port,
+        "--metrics-port": args.metrics_port,
+    }
+    prometheus = find_prometheus(args.prometheus_bin)
+    if prometheus:
+        ports["--prometheus-port"] = args.prometheus_port
+    if not args.no_locust:
+        ports["--locust-port"] = args.locust_port
+        ports["--locust-metrics-port"] = args.locust_metrics_port
+    _check_ports(ports)
+
+    stop = threading.Event()
+    starting = True
+
+    def request_stop(signum, _frame):
+        if stop.is_set():
+            return  # already stopping; a second Ctrl-C must not interrupt the cleanup
+        print(f"{signal.Signals(signum).name}: stopping", flush=True)
+        stop.set()
+        if starting:
+            raise _Interrupted
+
+    run_dir = Path(tempfile.mkdtemp(prefix="tritonstack-up-"))
+    logs = args.log_dir or run_dir
+    logs.mkdir(parents=True, exist_ok=True)
+    stack = _Stack()
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        children = []
+        if prometheus:
+            children.append(prometheus_child(prometheus, args, run_dir, logs))
+        if not args.no_locust:
+            children.append(locust_child(args, logs))
+        print(f"starting Triton (models in {args.model_repository})", flush=True)
+        stack.triton = EmbeddedTriton(
+            model_repository=args.model_repository,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+            address=ADDRESS,
+            log_path=logs / "triton.log",
+        )
+        stack.triton.start(timeout=args.timeout)
+        urls = {}
+        for child in children:
+            print(f"starting {child.name}", flush=True)
+            stack.children.append(child)  # before start(): an interrupt must not lose it
+            child.start()
+        for child in children:
+            if child.name == "prometheus":
+                base = f"http://{ADDRESS}:{args.prometheus_port}"
+                _wait_http(child, f"{base}/-/ready", args.timeout)
+                urls["Prometheus"] = base
+            else:
+                base = f"http://{ADDRESS}:{args.locust_port}"
+                _wait_http(child, base + "/", args.timeout)
+                urls["Locust web UI"] = base
+                urls["Locust metrics"] = f"http://{ADDRESS}:{args.locust_metrics_port}/metrics"
+        starting = False
+
+        triton = stack.triton
+        print(f"ready: {', '.join(triton.served)}", flush=True)
+        if triton.skipped:
+            print(f"not served on CPU (GPU only): {', '.join(triton.skipped)}", flush=True)
+        rows = {
+            "Triton HTTP": f"http://{triton.http_url}",
+            "Triton gRPC": triton.grpc_url,
+            "Triton metrics": triton.metrics_url,
+            **urls,
+        }
+        for label, url in rows.items():
+            print(f"  {label:<15} {url}", flush=True)
+        if args.log_dir:
+            print(f"logs in {args.log_dir}", flush=True)
+        print("Ctrl-C stops everything", flush=True)
+
+        while not stop.wait(0.5):
+            if triton.process.poll() is not None:
+                print(_tail("tritonserver", logs / "triton.log"), file=sys.stderr)
+                raise UserError(
+                    f"tritonserver exited unexpectedly with code {triton.process.returncode}; "
+                    "stopped the rest"
+                )
+            for child in stack.children:
+                if child.poll() is not None:
+                    print(child.log_tail(), file=sys.stderr)
+                    raise UserError(
+                        f"{child.name} exited unexpectedly with code {child.poll()}; "
+                        "stopped the rest"
+                    )
+    except _Interrupted:
+        pass  # stop requested before everything was ready: clean up below, exit 0
+    finally:
+        starting = False
+        try:
+            stack.stop()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            shutil.rmtree(run_dir, ignore_errors=True)
+    print("stopped", flush=True)
+    return 0
