@@ -1,0 +1,460 @@
+"""The compose stack, validated statically: no Docker engine and no GPU exist here.
+
+Real validators only: Debian's docker-compose (v1) `config` merges and validates the files
+offline, check-jsonschema checks them against the compose specification's JSON schema, hadolint
+reads both Dockerfiles, shellcheck every shell script, yamllint every YAML file. Then the wiring
+between files: every host:port Prometheus, Grafana and Locust use names a compose service and a
+port it listens on, every mount source exists, every model is exercised by the healthcheck, and
+the healthcheck itself runs against the real Triton of the embedded runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import tomllib
+import yaml
+
+from tests.conftest import require_tool
+from tritonstack.repository import iter_models
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+CPU = ROOT / "compose.cpu.yml"
+REPOSITORY = ROOT / "model_repository"
+HEALTHCHECK = ROOT / "scripts" / "healthcheck.py"
+SKIP_DIRS = {".git", ".venv", "venv", ".pytest_cache", ".ruff_cache", "__pycache__", "build"}
+
+
+def tool(name: str) -> str:
+    """A venv-provided tool next to this interpreter first (PATH may not include the venv)."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else require_tool(name)
+
+
+def run(*command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+
+
+def _bytes(size: str | int) -> int:
+    """Compose byte values: 256m, 1g, or a plain number."""
+    number, unit = re.fullmatch(r"(\d+)([kmg]?)b?", str(size).lower()).groups()
+    return int(number) * 1024 ** " kmg".index(unit or " ")
+
+
+def _seconds(duration: str) -> float:
+    """Compose durations: 1m30s, 30s, 500ms."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def repo_files() -> list[Path]:
+    files = []
+    for directory, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        files.extend(Path(directory) / name for name in names)
+    return sorted(files)
+
+
+# --- compose files: `!reset` ---------------------------------------------------------------------
+
+
+class Reset:
+    """compose's `!reset` tag: the attribute is removed from the merged model."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+class ComposeLoader(yaml.SafeLoader):
+    pass
+
+
+def _reset(loader: yaml.SafeLoader, node: yaml.Node) -> Reset:
+    if isinstance(node, yaml.SequenceNode):
+        return Reset(loader.construct_sequence(node))
+    if isinstance(node, yaml.MappingNode):
+        return Reset(loader.construct_mapping(node))
+    return Reset(loader.construct_scalar(node))
+
+
+ComposeLoader.add_constructor("!reset", _reset)
+
+
+def split_resets(node: object, path: tuple[str, ...] = ()) -> tuple[object, list, object]:
+    """(the file without its !reset entries, their paths, the file with each reset's value).
+
+    docker-compose v1 and check-jsonschema's YAML parser reject unknown tags; compose v2 reads
+    `key: !reset value` as "remove key". The first form is what v1 merges, the third what the
+    schema validates (as compose v2 does, file by file, before merging).
+    """
+    if not isinstance(node, dict):
+        return node, [], node
+    stripped, resets, valued = {}, [], {}
+    for key, value in node.items():
+        if isinstance(value, Reset):
+            resets.append((*path, key))
+            valued[key] = value.value
+            continue
+        inner, inner_resets, inner_valued = split_resets(value, (*path, key))
+        resets.extend(inner_resets)
+        valued[key] = inner_valued
+        if inner != {} or value == {}:
+            stripped[key] = inner
+    return stripped, resets, valued
+
+
+@pytest.fixture(scope="module")
+def env_file(tmp_path_factory) -> Path:
+    """Explicit variables, so a developer's own .env never changes what is validated."""
+    path = tmp_path_factory.mktemp("compose") / "test.env"
+    path.write_text("GRAFANA_ADMIN_PASSWORD=not-the-default\n")
+    return path
+
+
+def compose_config(env_file: Path, *files: Path) -> dict:
+    result = run(
+        tool("docker-compose"),
+        "--project-directory",
+        str(ROOT),
+        "--env-file",
+        str(env_file),
+        *(arg for f in files for arg in ("-f", str(f))),
+        "config",
+    )
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def gpu(env_file: Path) -> dict:
+    """docker-compose.yml as docker-compose v1 resolves and validates it."""
+    return compose_config(env_file, COMPOSE)
+
+
+@pytest.fixture(scope="module")
+def cpu(env_file: Path, tmp_path_factory) -> dict:
+    """docker-compose.yml + compose.cpu.yml merged: v1 merges, then the resets apply."""
+    override = yaml.load(CPU.read_text(), Loader=ComposeLoader)
+    stripped, resets, _ = split_resets(override)
+    assert resets, "compose.cpu.yml is expected to !reset the GPU reservation"
+    folder = tmp_path_factory.mktemp("cpu")
+    (folder / "override.yml").write_text(yaml.safe_dump(stripped))
+    merged = compose_config(env_file, COMPOSE, folder / "override.yml")
+    for path in resets:
+        parent = merged
+        for key in path[:-1]:
+            parent = parent[key]
+        del parent[path[-1]]
+    # The result must still be a valid compose model for both validators.
+    (folder / "merged.yml").write_text(yaml.safe_dump(merged))
+    final = compose_config(env_file, folder / "merged.yml")
+    schema = run(
+        tool("check-jsonschema"),
+        "--builtin-schema",
+        "vendor.compose-spec",
+        str(folder / "merged.yml"),
+    )
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+    return final
+
+
+def test_compose_files_match_the_compose_spec_schema(tmp_path: Path) -> None:
+    _, _, valued = split_resets(yaml.load(CPU.read_text(), Loader=ComposeLoader))
+    (tmp_path / "compose.cpu.yml").write_text(yaml.safe_dump(valued))
+    for path in (COMPOSE, tmp_path / "compose.cpu.yml"):
+        result = run(tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path))
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert "version" not in yaml.safe_load(COMPOSE.read_text())  # compose spec: no version key
+
+
+def test_gpu_variant_reserves_a_gpu_with_triton_limits(gpu: dict) -> None:
+    triton = gpu["services"]["triton"]
+    assert triton["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    ]
+    assert triton["environment"]["TRITONSTACK_DEVICE"] == "auto"
+    assert _bytes(triton["shm_size"]) >= 256 * 2**20
+    assert triton["ulimits"] == {"memlock": -1, "stack": 67108864}
+    grace = _seconds(triton["stop_grace_period"])
+    assert int(triton["environment"]["TRITON_EXIT_TIMEOUT_SECS"]) < grace
+    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
+    default = re.search(r"EXIT_TIMEOUT=\$\{TRITON_EXIT_TIMEOUT_SECS:-(\d+)\}", entrypoint)
+    assert default and int(default.group(1)) < grace
+
+
+def test_cpu_variant_drops_the_gpu_and_nothing_else(gpu: dict, cpu: dict) -> None:
+    triton = cpu["services"]["triton"]
+    assert "devices" not in triton["deploy"]["resources"]["reservations"]
+    assert "nvidia" not in json.dumps(triton)
+    assert triton["environment"]["TRITONSTACK_DEVICE"] == "cpu"
+
+    # Everything else is the GPU stack's (docker-compose v1 reorders volumes when it merges).
+    def same(service: dict, *drop: str) -> dict:
+        kept = {k: v for k, v in service.items() if k not in drop}
+        return {**kept, "volumes": sorted(kept.get("volumes", []))}
+
+    drop = ("deploy", "environment")
+    assert same(triton, *drop) == same(gpu["services"]["triton"], *drop)
+    assert set(cpu["services"]) == set(gpu["services"])
+    for name in set(gpu["services"]) - {"triton"}:
+        assert same(cpu["services"][name]) == same(gpu["services"][name]), name
+
+
+def test_grafana_password_is_required_and_has_no_default(tmp_path: Path) -> None:
+    example = (ROOT / ".env.example").read_text()
+    assert re.search(r"^GRAFANA_ADMIN_PASSWORD=$", example, re.MULTILINE)
+    for env in (tmp_path / "empty.env", ROOT / ".env.example"):
+        env.touch()
+        result = run(
+            tool("docker-compose"), "--env-file", str(env), "-f", str(COMPOSE), "config", "-q"
+        )
+        assert result.returncode != 0
+        assert "set it in .env" in result.stderr
+    assert "admin/admin" not in COMPOSE.read_text()
+
+
+def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
+    for name, service in gpu["services"].items():
+        image = service["image"]
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+", image) and not image.endswith(":latest"), name
+        assert service["healthcheck"]["test"][0] == "CMD", name
+        assert service["restart"] == "unless-stopped", name
+    for dockerfile in ("Dockerfile.triton", "Dockerfile.locust"):
+        bases = re.findall(r"^FROM\s+(\S+)", (ROOT / dockerfile).read_text(), re.MULTILINE)
+        assert bases and all(re.search(r":\d[\w.-]*$", b) for b in bases), (dockerfile, bases)
+    assert set(gpu["volumes"]) == {"triton-cache", "prometheus-data", "grafana-data"}
+
+
+def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
+    published = {
+        name: [p.split(":")[0] for p in service.get("ports", [])]
+        for name, service in gpu["services"].items()
+    }
+    assert published == {
+        "triton": ["127.0.0.1", "127.0.0.1"],
+        "prometheus": ["127.0.0.1"],
+        "grafana": ["127.0.0.1"],
+        "locust-master": ["127.0.0.1"],
+        "locust-worker": [],
+    }
+    ports = [p.split(":")[-1] for p in gpu["services"]["triton"]["ports"]]
+    assert ports == ["8000/tcp", "8001/tcp"]  # metrics (8002) only on the compose network
+    assert "${TRITON_BIND:-127.0.0.1}:8000:8000" in COMPOSE.read_text()
+
+
+# --- cross-file wiring ----------------------------------------------------------------------------
+
+
+def listens_on(service: dict) -> set[int]:
+    """Container ports a service declares (published or exposed)."""
+    ports = {int(p.split(":")[-1].split("/")[0]) for p in service.get("ports", [])}
+    return ports | {int(str(p).split("/")[0]) for p in service.get("expose", [])}
+
+
+def assert_listens(gpu: dict, host: str, port: int, where: str) -> None:
+    assert host in gpu["services"], f"{where}: {host} is not a compose service"
+    assert port in listens_on(gpu["services"][host]), f"{where}: {host} does not listen on {port}"
+
+
+def test_prometheus_targets_are_compose_services(gpu: dict) -> None:
+    config = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+    targets = []
+    for job in config["scrape_configs"]:
+        for static in job.get("static_configs", []):
+            targets.extend(static["targets"])
+        for dns in job.get("dns_sd_configs", []):
+            targets.extend(f"{name}:{dns['port']}" for name in dns["names"])
+    assert targets == ["triton:8002", "locust-master:9646", "locust-worker:9646"]
+    for target in targets:
+        host, port = target.rsplit(":", 1)
+        assert_listens(gpu, host, int(port), "prometheus.yml")
+    for name in ("locust-master", "locust-worker"):
+        assert gpu["services"][name]["environment"]["LOCUST_METRICS_PORT"] == "9646"
+    # Rules are read from where compose mounts them.
+    mounts = dict(v.split(":")[:2][::-1] for v in gpu["services"]["prometheus"]["volumes"])
+    assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+    assert Path(mounts["/etc/prometheus/rules"]) == ROOT / "prometheus" / "rules"
+    command = gpu["services"]["prometheus"]["command"]
+    assert Path(mounts["/etc/prometheus/prometheus.yml"]) == ROOT / "prometheus" / "prometheus.yml"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in command
+
+
+def test_grafana_datasource_and_dashboards_are_wired(gpu: dict) -> None:
+    datasources = yaml.safe_load(
+        (ROOT / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )["datasources"]
+    for datasource in datasources:
+        url = urlsplit(datasource["url"])
+        assert_listens(gpu, url.hostname, url.port, "grafana datasource")
+    grafana = gpu["services"]["grafana"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}
+    assert Path(mounts["/etc/grafana/provisioning"]) == ROOT / "grafana" / "provisioning"
+    assert Path(mounts["/var/lib/grafana/dashboards"]) == ROOT / "grafana" / "dashboards"
+    # Any dashboard provider (issue 4) reads a directory compose mounts.
+    for provider_file in (ROOT / "grafana" / "provisioning" / "dashboards").glob("*.y*ml"):
+        for provider in yaml.safe_load(provider_file.read_text()).get("providers", []):
+            path = provider["options"]["path"]
+            assert any(path == m or path.startswith(m + "/") for m in mounts), provider_file
+
+
+def test_locust_talks_to_triton_and_its_master(gpu: dict) -> None:
+    master = gpu["services"]["locust-master"]
+    worker = gpu["services"]["locust-worker"]
+    host = re.search(r"--host (\S+)", master["command"]).group(1)
+    url = urlsplit(host)
+    assert_listens(gpu, url.hostname, url.port, "locust --host")
+    master_host = re.search(r"--master-host (\S+)", worker["command"]).group(1)
+    assert_listens(gpu, master_host, 5557, "locust --master-host")
+    for service in (master, worker):
+        assert service["depends_on"]["triton"]["condition"] == "service_healthy"
+        files = re.findall(r"(/mnt/loadtest/\S+)", service["command"])
+        mount = next(v for v in service["volumes"] if ":/mnt/loadtest" in v)
+        assert Path(mount.split(":")[0]) == ROOT / "loadtest"
+        for path in files:  # written by the load-testing issue (#5)
+            assert (ROOT / "loadtest" / Path(path).name).is_file(), path
+    assert (ROOT / "loadtest" / "requirements.txt").is_file()  # Dockerfile.locust installs it
+
+
+def test_every_mount_source_exists(gpu: dict) -> None:
+    for name, service in gpu["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("/"):
+                assert Path(source).exists(), f"{name}: {source}"
+            else:
+                assert source in gpu["volumes"], f"{name}: {source}"
+
+
+def test_healthcheck_exercises_every_model(gpu: dict) -> None:
+    """pipeline covers its steps, classify the models it routes to: all models are checked."""
+    command = gpu["services"]["triton"]["healthcheck"]["test"]
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    checked = [command[i + 1] for i, arg in enumerate(command) if arg == "--model"]
+    assert checked == ["pipeline", "classify"]
+    assert ", ".join(f'"{a}"' for a in command[1:]) in dockerfile  # same in the image
+    models = {m.name: m for m in iter_models(REPOSITORY)}
+    reached = set(checked)
+    for name in checked:
+        config = models[name].config
+        reached |= {step.model_name for step in config.ensemble_scheduling.step}
+        reached |= {models[name].parameter(k) for k in ("preferred_model", "fallback_model")}
+    assert reached - {None} == set(models)
+
+
+def test_images_match_the_tested_versions() -> None:
+    """The container runs what the tests run: Triton 2.51 (24.10) and the pinned Locust."""
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    assert "FROM nvcr.io/nvidia/tritonserver:24.10-py3" in dockerfile
+    assert "Triton 2.51.0" in dockerfile
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(d.split("==") for d in dependencies)
+    assert f"FROM locustio/locust:{pins['locust']}" in (ROOT / "Dockerfile.locust").read_text()
+    assert f"numpy=={pins['numpy']}" in dockerfile
+
+
+def test_image_layout_matches_the_entrypoint_defaults(gpu: dict) -> None:
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
+    assert "HOME_DIR=${TRITONSTACK_HOME:-/opt/tritonstack}" in entrypoint
+    assert "FLAGS_FILE=${TRITONSTACK_FLAGS:-$HOME_DIR/tritonserver.flags}" in entrypoint
+    assert "REPOSITORY=${MODEL_REPOSITORY:-$HOME_DIR/model_repository}" in entrypoint
+    assert "COPY scripts/tritonserver.flags scripts/entrypoint.sh" in dockerfile
+    assert "COPY model_repository /opt/tritonstack/model_repository" in dockerfile
+    assert "USER triton-server" in dockerfile
+    cache = re.search(r"TRITONSTACK_CACHE=(\S+)", dockerfile).group(1)
+    assert f"triton-cache:{cache}" in gpu["services"]["triton"]["volumes"][0]
+    gpu_config = (REPOSITORY / "classifier" / "configs" / "gpu.pbtxt").read_text()
+    assert f'value: "{cache}/onnxruntime-trt"' in gpu_config  # the link the entrypoint keys
+    assert 'ln -sfn "$ort_dir" "$CACHE/onnxruntime-trt"' in entrypoint
+
+
+def test_dockerignore_lets_every_copy_source_through() -> None:
+    patterns = (ROOT / ".dockerignore").read_text().split()
+    allowed = [p[1:].rstrip("/") for p in patterns if p.startswith("!")]
+    assert patterns[patterns.index("*")] == "*" and ".env" not in allowed
+    for dockerfile in ("Dockerfile.triton", "Dockerfile.locust"):
+        for line in re.findall(r"^COPY\s+(.+)$", (ROOT / dockerfile).read_text(), re.MULTILINE):
+            sources = [s for s in line.split()[:-1] if not s.startswith("--")]
+            for source in sources:
+                assert any(source == a or source.startswith(a + "/") for a in allowed), source
+
+
+# --- linters ----------------------------------------------------------------------------------
+
+
+def test_hadolint_dockerfiles() -> None:
+    result = run(tool("hadolint"), "Dockerfile.triton", "Dockerfile.locust")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_every_shell_script() -> None:
+    scripts = [
+        path
+        for path in repo_files()
+        if path.suffix == ".sh"
+        or re.match(rb"#!\s*(/usr)?/bin/(env\s+)?(ba)?sh\b", path.read_bytes()[:40])
+    ]
+    names = {p.relative_to(ROOT).as_posix() for p in scripts}
+    assert {"scripts/entrypoint.sh", "tests/fakes/fake_trtexec", ".ci/run"} <= names
+    result = run(tool("shellcheck"), *map(str, scripts))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_yamllint_every_yaml_file() -> None:
+    listed = run(tool("yamllint"), "--list-files", ".")
+    names = set(listed.stdout.split())
+    assert {"./docker-compose.yml", "./compose.cpu.yml", "./prometheus/prometheus.yml"} <= names
+    on_disk = {
+        f"./{p.relative_to(ROOT).as_posix()}" for p in repo_files() if p.suffix in (".yml", ".yaml")
+    }
+    assert on_disk <= names | {"./.yamllint"}, on_disk - names
+    result = run(tool("yamllint"), "-f", "parsable", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the healthcheck, against the real Triton ---------------------------------------------------
+
+
+def healthcheck(*args: str) -> subprocess.CompletedProcess:
+    return run(sys.executable, str(HEALTHCHECK), *args)
+
+
+@pytest.mark.integration
+def test_healthcheck_passes_on_a_serving_triton(triton) -> None:
+    labels = str(REPOSITORY / "postprocess" / "labels.txt")
+    result = healthcheck(
+        "--url", triton.http_url, "--labels", labels, "--model", "pipeline", "--model", "classify"
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(
+        r"healthy: pipeline -> (not )?relevant\nhealthy: classify -> (not )?relevant\n",
+        result.stdout,
+    )
+
+
+@pytest.mark.integration
+def test_healthcheck_fails_on_a_broken_model_or_server(triton) -> None:
+    missing = healthcheck("--url", triton.http_url, "--model", "pipeline", "--model", "nope")
+    assert missing.returncode == 1
+    assert "healthy: pipeline" in missing.stdout
+    assert "unhealthy: nope: HTTP 404" in missing.stderr
+    labels = Path(sys.prefix).parent / "no-such-labels"  # any label is fine without a file
+    wrong = ROOT / "tests" / "fakes" / "fake_trtexec"  # a file whose lines are not labels
+    assert healthcheck("--url", triton.http_url, "--labels", str(labels)).returncode == 0
+    mislabelled = healthcheck("--url", triton.http_url, "--labels", str(wrong))
+    assert mislabelled.returncode == 1 and "is not one of" in mislabelled.stderr
+    from tests.conftest import free_ports
+
+    (closed,) = free_ports(1)
+    down = healthcheck("--url", f"127.0.0.1:{closed}", "--timeout", "2")
+    assert down.returncode == 1 and "unhealthy: pipeline: no answer from" in down.stderr
