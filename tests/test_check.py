@@ -482,3 +482,36 @@ def test_broken_repository(
     assert len(matching) == 1, "\n".join(messages)
     if count is not None:
         assert len(messages) == count, "\n".join(messages)
+
+
+# --- configs/<name>.pbtxt (--model-config-name), e.g. classifier/configs/gpu.pbtxt ---------------
+
+
+def test_gpu_variant_is_checked_like_config_pbtxt(repo: Path) -> None:
+    assert (repo / "classifier" / "configs" / "gpu.pbtxt").is_file()
+    edit(repo, "classifier/configs/gpu.pbtxt", "dims: [ 128 ]\n", "dims: [ 127 ]\n")
+    messages = check_repository(repo)
+    assert_well_formed(messages, repo)
+    variant = f"{repo}/classifier/configs/gpu.pbtxt"
+    assert messages[0] == (
+        f'{variant}: input[0] "features".dims is [ 127 ] but 1/model.onnx has [ batch, 128 ], i.e. '
+        "[ 128 ] after the batch dimension that max_batch_size 64 adds; set dims: [ 128 ]"
+    )
+    # The GPU server's ensemble sees the variant: pipeline's wiring is named too, once.
+    assert any(m.startswith(f"{repo}/pipeline/config.pbtxt: ") for m in messages[1:]), messages
+    assert len(messages) == len(set(messages))
+    assert not any("classifier/config.pbtxt" in m for m in messages)  # the CPU config is fine
+    assert not any("classifier_trt" in m for m in messages)  # not told to copy the mistake
+
+
+def test_gpu_variant_syntax_and_name_errors_name_the_variant(repo: Path) -> None:
+    edit(repo, "classifier/configs/gpu.pbtxt", 'name: "classifier"', 'name: "clasifier"')
+    messages = check_repository(repo)
+    assert messages == [
+        f'{repo}/classifier/configs/gpu.pbtxt: name "clasifier" does not match its directory '
+        '"classifier"; rename one of them (Triton requires them to be equal)'
+    ]
+    edit(repo, "classifier/configs/gpu.pbtxt", "kind: KIND_GPU", "kind: GPU")
+    syntax = check_repository(repo)
+    assert len(syntax) == 1 and syntax[0].startswith(f"{repo}/classifier/configs/gpu.pbtxt:")
+    assert "not valid Triton model configuration" in syntax[0]

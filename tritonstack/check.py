@@ -101,6 +101,46 @@ def check_repository(repository: Path) -> list[str]:
     for name, model in models.items():
         problems.extend(own[name])
         problems.extend(_check_references(model, models, broken, suspect))
+    problems.extend(_check_variants(models, broken, suspect, problems))
+    return problems
+
+
+def _check_variants(
+    models: dict[str, Model], broken: set[str], suspect: set[str], reported: list[str]
+) -> list[str]:
+    """`<model>/configs/<name>.pbtxt`, served with --model-config-name=<name> (configs/gpu.pbtxt
+    on GPU hosts): the same checks, against the repository that server sees, i.e. every model's
+    variant where it has one and its config.pbtxt otherwise. Messages already given are not
+    repeated."""
+    problems: list[str] = []
+    variant_names = sorted(
+        {p.stem for m in models.values() for p in (m.directory / "configs").glob("*.pbtxt")}
+    )
+    for variant_name in variant_names:
+        variants, paths = {}, {}
+        for name, model in models.items():
+            path = model.directory / "configs" / f"{variant_name}.pbtxt"
+            if not path.is_file():
+                continue
+            try:
+                variants[name] = Model(model.directory, parse_config(path))
+                paths[name] = path
+            except UserError as exc:
+                problems.append(" ".join(str(exc).split("\n")))
+        served = {**models, **variants}
+        own = {name: _check_model(model, paths[name]) for name, model in variants.items()}
+        doubtful = suspect | {name for name, found in own.items() if found}
+        for name, model in served.items():
+            found = own.get(name, [])
+            found += _check_references(model, served, broken, doubtful, paths.get(name))
+            for message in found:
+                # A problem of the model's files (a missing model.onnx) is the same for every
+                # configuration: said once, for config.pbtxt.
+                default = message.replace(
+                    str(paths.get(name)), str(model.directory / "config.pbtxt"), 1
+                )
+                if default not in reported and message not in problems:
+                    problems.append(message)
     return problems
 
 
@@ -114,10 +154,10 @@ def _shown(path: Path) -> Path:
     return path
 
 
-def _sayer(model: Model) -> tuple[list[str], Say]:
+def _sayer(model: Model, config_path: Path | None = None) -> tuple[list[str], Say]:
     """A message list and the one way to add to it: `<config>: <field> <problem>; <fix>`."""
     problems: list[str] = []
-    config_path = model.directory / "config.pbtxt"
+    config_path = config_path or model.directory / "config.pbtxt"
 
     def say(field: str, problem: str, fix: str) -> None:
         problems.append(f"{config_path}: {field} {problem}; {fix}")
@@ -125,9 +165,9 @@ def _sayer(model: Model) -> tuple[list[str], Say]:
     return problems, say
 
 
-def _check_model(model: Model) -> list[str]:
+def _check_model(model: Model, config_path: Path | None = None) -> list[str]:
     """What one model directory and its config must satisfy on their own."""
-    problems, say = _sayer(model)
+    problems, say = _sayer(model, config_path)
     config = model.config
     if config.name and config.name != model.name:
         say(
@@ -164,10 +204,14 @@ def _check_model(model: Model) -> list[str]:
 
 
 def _check_references(
-    model: Model, models: dict[str, Model], broken: set[str], suspect: set[str]
+    model: Model,
+    models: dict[str, Model],
+    broken: set[str],
+    suspect: set[str],
+    config_path: Path | None = None,
 ) -> list[str]:
     """What a model must satisfy against the other models it names, mirrors or wires up."""
-    problems, say = _sayer(model)
+    problems, say = _sayer(model, config_path)
     if model.kind == "python":
         _check_python_references(model, models, broken, say)
     elif model.kind == "tensorrt":
