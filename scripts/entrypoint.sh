@@ -168,7 +168,7 @@ build=${build[*]:1}"
   fi
   mkdir -p "$dir"
   log "$name: building a TensorRT plan for $GPU_NAME (compute capability $GPU_CC, TensorRT $TRT_VERSION):" \
-    "trtexec ${build[*]}; first start only, usually under two minutes"
+    "trtexec ${build[*]}; first start only, cached afterwards"
   started=$(date +%s)
   # trtexec's own progress goes to the container log (prefixed) and to trtexec.log in the cache.
   if ! trtexec "${build[@]}" --saveEngine="$dir/model.plan.tmp" --skipInference 2>&1 |
