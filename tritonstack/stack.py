@@ -193,6 +193,8 @@ def locust_child(args: argparse.Namespace, logs: Path) -> Child:
         "--web-port", str(args.locust_port),
         "--host", f"http://{ADDRESS}:{args.http_port}",
     ]  # fmt: skip
+    if locustfile == LOCUSTFILE:  # the project's locustfile defines --grpc-host
+        command += ["--grpc-host", f"{ADDRESS}:{args.grpc_port}"]
     env = dict(os.environ)
     env["LOCUST_METRICS_ADDR"] = ADDRESS
     env["LOCUST_METRICS_PORT"] = str(args.locust_metrics_port)
