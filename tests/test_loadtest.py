@@ -1,0 +1,299 @@
+"""Load testing with Locust: every user type, the exporter, the gates and the step shape.
+
+Locust runs as a subprocess (it monkey-patches the interpreter with gevent); this test process
+only imports the pure modules of loadtest/ (shapes, gates), never users.py or the locustfile.
+Each headless run lasts a few seconds against the session's real tritonserver; assertions compare
+counts, never absolute latencies.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import REPOSITORY, ROOT, free_ports
+from tritonstack.client import MODEL_OUTPUTS
+from tritonstack.loadtest import locust_command, run_headless
+from tritonstack.metrics import model_value, scrape
+
+
+def load(name: str):
+    """A module of loadtest/ under a private name (gates and shapes import no Locust)."""
+    path = ROOT / "loadtest" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"loadtest_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gates = load("gates")
+shapes = load("shapes")
+
+BUCKETS = {
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, float("inf"),
+}  # fmt: skip
+
+
+def exposition(text: str) -> dict[tuple[str, frozenset], float]:
+    """{(sample name as Prometheus stores it, labels): value}."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def client_value(samples: dict, name: str, **labels: str) -> float:
+    wanted = set(labels.items())
+    return sum(v for (n, items), v in samples.items() if n == name and wanted <= items)
+
+
+def batching_counters(triton) -> tuple[float, float]:
+    samples = scrape(triton.metrics_url)
+    return (
+        model_value(samples, "nv_inference_count", "classifier"),
+        model_value(samples, "nv_inference_exec_count", "classifier"),
+    )
+
+
+# --- the files themselves ------------------------------------------------------------------------
+
+
+def test_labels_copy_matches_the_repository():
+    """loadtest/labels.txt lets a Locust container run with only loadtest/ mounted."""
+    copy = (ROOT / "loadtest" / "labels.txt").read_text()
+    assert copy == (REPOSITORY / "postprocess" / "labels.txt").read_text()
+
+
+def test_users_expect_the_outputs_the_client_knows():
+    tree = ast.parse((ROOT / "loadtest" / "users.py").read_text())
+    assignment = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MODEL_OUTPUTS"
+    )
+    assert ast.literal_eval(assignment.value) == MODEL_OUTPUTS
+
+
+# --- shapes and gates, as pure functions ---------------------------------------------------------
+
+
+def test_step_shape_ramps_in_four_steps_then_stops():
+    users = [shapes.step(t, 8, 8.0, 12.0)[0] for t in (0, 2.9, 3, 6, 9, 11.9)]
+    assert users == [2, 2, 4, 6, 8, 8]
+    assert shapes.step(12.0, 8, 8.0, 12.0) is None
+    assert shapes.step(4 * shapes.STEP_SECONDS, 8, 8.0, None) is None  # default length
+
+
+def test_spike_shape_bursts_in_the_middle_and_comes_back():
+    stages = [shapes.spike(t, 40, 2.0, 10.0) for t in (0, 3.9, 4, 5.9, 6, 9.9)]
+    assert [users for users, _ in stages] == [10, 10, 40, 40, 10, 10]
+    assert all(rate >= 40 for _, rate in stages)  # the burst arrives within a second
+    assert shapes.spike(10.0, 40, 2.0, 10.0) is None
+
+
+def test_soak_and_constant_hold_the_users():
+    assert shapes.soak(29 * 60, 16, 4.0, None) == (16, 4.0)
+    assert shapes.soak(30 * 60, 16, 4.0, None) is None
+    assert shapes.constant(1e6, 16, 4.0, None) == (16, 4.0)  # plain Locust: until stopped
+    assert shapes.constant(10, 16, 4.0, 10) is None
+
+
+def test_gates_name_the_gate_and_the_value():
+    measured = {"requests": 100, "fail_ratio": 0.25, "p99_ms": 12}
+    assert gates.evaluate(measured, None, None) == []
+    assert gates.evaluate(measured, 20, 0.5) == []
+    assert gates.evaluate(measured, 5, 0.1) == [
+        "p99 12 ms > --max-p99-ms 5",
+        "fail ratio 0.2500 > --max-fail-ratio 0.1",
+    ]
+    assert gates.evaluate({**measured, "requests": 0}, 5, None) == ["no request completed"]
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tritonstack.cli", "loadtest", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--rows", "65"], "--rows '65'"),
+        (["--duration", "3x"], "--duration '3x'"),
+        (["--max-fail-ratio", "2"], "--max-fail-ratio 2"),
+        (["--host", "127.0.0.1:1"], "cannot reach Triton at 127.0.0.1:1"),
+    ],
+)
+def test_cli_mistakes_are_one_line(args, fragment):
+    result = run_cli(*args)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert fragment in result.stderr
+
+
+# --- headless runs against the real server -------------------------------------------------------
+
+#: Each user type drives a different model, so the three models are loaded too; one row per
+#: request, so that classifier's inferences per execution measure batching across requests.
+USER_TYPES = [("http_json", "pipeline"), ("http_binary", "classify"), ("grpc", "classifier")]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("user_type", "model"), USER_TYPES)
+def test_user_type_runs_clean_batches_and_feeds_the_exporter(triton, tmp_path, user_type, model):
+    (port,) = free_ports(1)
+    inferences_before, executions_before = batching_counters(triton)
+    live: list[dict] = []
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(
+            run_headless,
+            http_url=triton.http_url,
+            grpc_url=triton.grpc_url,
+            model=model,
+            user_type=user_type,
+            users=16,
+            spawn_rate=16,
+            duration_s=6,
+            rows="1",
+            metrics_port=port,
+            results_dir=tmp_path,
+            max_fail_ratio=0,
+        )
+        while not future.done():  # the exporter serves while Locust runs
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    samples = exposition(r.read().decode())
+                if client_value(samples, "tritonstack_client_requests_total") > 0:
+                    live.append(samples)
+            except OSError:
+                pass  # not listening yet, or already gone
+            time.sleep(0.5)
+        result = future.result()
+    inferences_after, executions_after = batching_counters(triton)
+
+    # Every answer passed content validation, and the fail-ratio gate of 0 passed.
+    assert result.exit_code == 0, (tmp_path / "locust.log").read_text()[-3000:]
+    assert result.failures == 0 and result.gate_failures == []
+    assert result.requests > 50
+    assert result.p50_ms <= result.p95_ms <= result.p99_ms
+    for name in ("locust_stats.csv", "locust_failures.csv", "locust_stats_history.csv"):
+        assert (tmp_path / name).is_file()
+    assert "<html" in (tmp_path / "report.html").read_text()[:2000].lower()
+
+    # Triton merged concurrent requests: more inferences than executions of the classifier.
+    inferences = inferences_after - inferences_before
+    executions = executions_after - executions_before
+    assert inferences >= result.requests  # plus requests killed in flight at the end
+    assert inferences / executions > 1, f"{inferences} inferences in {executions} executions"
+
+    # The exporter served the client's view while running ...
+    labels = {"user_type": user_type, "model": model}
+    assert live, "the exporter never answered during the run"
+    seen = client_value(live[-1], "tritonstack_client_requests_total", **labels)
+    assert 0 < seen <= result.requests
+    # ... and its final state, written at quit, counts exactly what Locust counted.
+    final = exposition((tmp_path / "exporter.prom").read_text())
+    assert client_value(final, "tritonstack_client_requests_total", **labels) == result.requests
+    assert client_value(final, "tritonstack_client_failures_total", **labels) == 0
+    count = client_value(final, "tritonstack_client_request_duration_seconds_count", **labels)
+    assert count == result.requests
+    buckets = {
+        float(dict(items)["le"]): value
+        for (name, items), value in final.items()
+        if name == "tritonstack_client_request_duration_seconds_bucket"
+    }
+    assert set(buckets) == BUCKETS
+    assert buckets[float("inf")] == count
+    assert list(buckets.values()) == sorted(buckets.values())  # cumulative
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("user_type", ["http_json", "http_binary", "grpc"])
+def test_wrong_answers_fail_and_fail_the_gate(triton, tmp_path, user_type):
+    """Validation is real: with labels the server never returns, every request fails."""
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cat\ndog\n")
+    command = locust_command(
+        http_url=triton.http_url,
+        grpc_url=triton.grpc_url,
+        model="pipeline",
+        user_type=user_type,
+        users=4,
+        spawn_rate=4,
+        duration_s=2,
+        rows="mix",
+        results_dir=tmp_path,
+        shape=None,
+        max_p99_ms=None,
+        max_fail_ratio=0.01,
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
+    env["LOCUST_METRICS_PORT"] = "0"
+    result = subprocess.run(
+        [*command, "--labels-file", str(labels)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == gates.GATE_FAILED_EXIT_CODE, result.stderr[-3000:]
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert verdict["requests"] > 0 and verdict["failures"] == verdict["requests"]
+    assert verdict["failed"] == ["fail ratio 1.0000 > --max-fail-ratio 0.01"]
+    assert "gate failed: fail ratio 1.0000 > --max-fail-ratio 0.01" in result.stderr
+    with open(tmp_path / "locust_failures.csv") as f:
+        errors = [row["Error"] for row in csv.DictReader(f)]
+    assert errors and all("not in the labels file ['cat', 'dog']" in e for e in errors)
+
+
+@pytest.mark.integration
+def test_cli_gate_fails_with_one_line_naming_the_gate(triton, tmp_path):
+    result = run_cli(
+        "--host", triton.http_url, "--grpc-host", triton.grpc_url,
+        "--users", "4", "--duration", "3s", "--max-p99-ms", "0.5", "--max-fail-ratio", "0",
+        "--results", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == gates.GATE_FAILED_EXIT_CODE, result.stderr
+    # p99 is at least 1: Locust rounds response times to whole milliseconds
+    assert re.fullmatch(r"gate failed: p99 \d+ ms > --max-p99-ms 0\.5\n", result.stderr)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert re.match(r"\d+ requests, 0 failed \(0\.00%\), [\d.]+ req/s, p50 \d+ ms", summary)
+    assert (tmp_path / "verdict.json").is_file() and (tmp_path / "report.html").is_file()
+
+
+@pytest.mark.integration
+def test_step_shape_really_ramps_users(triton, tmp_path):
+    result = run_headless(
+        http_url=triton.http_url,
+        grpc_url=triton.grpc_url,
+        users=8,
+        spawn_rate=8,
+        duration_s=8,
+        results_dir=tmp_path,
+        shape="step",
+    )
+    assert result.exit_code == 0 and result.failures == 0
+    with open(tmp_path / "locust_stats_history.csv") as f:
+        counts = [int(row["User Count"]) for row in csv.DictReader(f)]
+    ramp = [c for c in counts if c > 0]
+    assert ramp == sorted(ramp), counts  # never back down while stepping
+    assert len(set(ramp)) >= 3 and max(ramp) == 8, counts  # 2, 4, 6, 8 users
