@@ -168,3 +168,29 @@ def test_a_port_in_use_is_one_line_error_before_anything_starts():
     assert process.returncode == 1, output
     assert f"127.0.0.1:{port} is not free" in output and "--http-port" in output, output
     assert "starting Triton" not in output and "Traceback" not in output
+
+
+def test_sigterm_while_starting_stops_cleanly(tmp_path):
+    """A stop requested before everything is ready still leaves nothing running."""
+    process, ports = start_up("--no-locust", "--prometheus-bin", str(tmp_path / "none"))
+    try:
+        wait_for_line(process, "starting Triton", timeout=60)
+        deadline = time.monotonic() + 60
+        while "tritonserver" not in {c.name() for c in psutil.Process(process.pid).children()}:
+            assert time.monotonic() < deadline, "tritonserver not started"
+            time.sleep(0.1)
+        time.sleep(1)  # loading models: stubs and their shared memory exist
+        children, shm_prefix = our_children(process)
+    except BaseException:
+        process.kill()
+        raise
+
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=90)
+
+    assert process.returncode == 0, output
+    assert "SIGTERM: stopping" in output and "Traceback" not in output, output
+    assert wait_gone([child.pid for child in children], timeout=10) == []
+    assert not list(SHM.glob(f"{shm_prefix}*")), "shared memory left in /dev/shm"
+    flag = f"--http-port={ports['http']}"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if flag in (p.info["cmdline"] or ())]
