@@ -1,0 +1,392 @@
+"""`tritonstack bench`: Triton variants, protocols and baselines measured side by side.
+
+Every server is started fresh for its scenarios and stopped before the next one starts; each
+point gets a check request, a warm-up, then several timed repetitions whose medians and spread
+go into the report. The full run writes docs/benchmarks.md and docs/benchmarks/*.png; `--quick`
+(smoke numbers, every scenario family, under 3 minutes on a quiet 2-core machine) writes to
+results/bench-quick/ or --out, never over the committed docs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.errors import UserError
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+QUICK_OUT = Path("results") / "bench-quick"
+#: Per-model Triton counters read before and after each point (deltas go into results.json).
+TRITON_COUNTERS = {
+    "inferences": "nv_inference_count",
+    "executions": "nv_inference_exec_count",
+    "requests": "nv_inference_request_success",
+    "queue_us": "nv_inference_queue_duration_us",
+    "compute_us": "nv_inference_compute_infer_duration_us",
+    "request_us": "nv_inference_request_duration_us",
+}
+TRITON_MODELS = ("classifier", "postprocess", "pipeline", "classify")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from tritonstack.benchmarks.scenarios import FAMILIES
+
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: every scenario family, short runs, fewer points (< 3 min)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"report folder (default: docs/ for a full run, {QUICK_OUT}/ for --quick)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(FAMILIES),
+        help=f"comma-separated families (default: all): {', '.join(FAMILIES)}",
+    )
+    parser.add_argument(
+        "--grpc-processes", type=int, default=2, help="gRPC load processes (default 2)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from tritonstack.benchmarks.scenarios import FAMILIES, FULL, QUICK
+
+    families = [f.strip() for f in args.scenarios.split(",") if f.strip()]
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown or not families:
+        raise UserError(f"unknown scenario family {unknown}; choose from {', '.join(FAMILIES)}")
+    settings = QUICK if args.quick else FULL
+    out = args.out or (QUICK_OUT if args.quick else DOCS)
+    if args.quick and out.resolve() == DOCS.resolve():
+        raise UserError(
+            "--quick numbers are smoke only and must not replace docs/benchmarks.md; "
+            "pass another --out"
+        )
+    Bench(settings, families, out, args.grpc_processes).run()
+    return 0
+
+
+class Progress:
+    """One line per step: step count, elapsed time, and an ETA from the planned step times."""
+
+    def __init__(self, estimates: list[float]):
+        self.estimates = estimates
+        self.done = 0
+        self.start = time.monotonic()
+
+    def step(self, text: str) -> None:
+        elapsed = time.monotonic() - self.start
+        planned_done = sum(self.estimates[: self.done])
+        pace = elapsed / planned_done if planned_done > 0 else 1.0
+        remaining = sum(self.estimates[self.done :]) * pace
+        self.done += 1
+        print(
+            f"[{self.done:>3}/{len(self.estimates)} {_clock(elapsed)} elapsed, "
+            f"ETA {_clock(remaining)}] {text}",
+            flush=True,
+        )
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class Bench:
+    def __init__(self, settings, families: list[str], out: Path, grpc_processes: int):
+        from tritonstack.benchmarks.loadgen import wrk_path
+
+        wrk_path()  # fail before starting anything when wrk is missing
+        self.settings = settings
+        self.families = families
+        self.out = Path(out)
+        self.workdir = Path(tempfile.mkdtemp(prefix="tritonstack-bench-"))
+        self.grpc_processes = grpc_processes
+        self.points: dict[str, dict] = {}
+        self.memory: dict | None = None
+
+    def run(self) -> None:
+        from tritonstack.benchmarks import report
+        from tritonstack.benchmarks.loadgen import Generator
+        from tritonstack.benchmarks.scenarios import estimate_seconds, plan
+
+        started = datetime.now(timezone.utc)
+        load_before = os.getloadavg()
+        the_plan = plan(self.families, self.settings)
+        estimates = []  # one per progress line: a server start, a point, the memory soak
+        for server, points in the_plan:
+            start = estimate_seconds(server, [], self.settings)
+            if server == "memory":
+                estimates += [6.0, start - 6.0]
+                continue
+            per_point = estimate_seconds(server, points, self.settings) - start
+            estimates += [start] + [per_point / len(points)] * len(points)
+        total = sum(estimates)
+        print(
+            f"tritonstack bench ({self.settings.label}): {len(the_plan)} servers, "
+            f"{sum(len(p) for _, p in the_plan)} points, about {_clock(total)} "
+            f"(min:s) plus first-time installs; logs in {self.workdir}",
+            flush=True,
+        )
+        self.progress = Progress(estimates)
+        self.generator = Generator(self.workdir / "load", grpc_processes=self.grpc_processes)
+        venv = None
+        if any(server in ("fastapi", "mlserver") for server, _ in the_plan):
+            from tritonstack.benchmarks.servers import baseline_venv
+
+            venv = baseline_venv(progress=lambda text: print(text, flush=True))
+        clean = False
+        try:
+            for server_key, points in the_plan:
+                self._run_server(server_key, points, venv)
+            clean = True
+        finally:
+            if clean:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            else:
+                print(f"server logs kept in {self.workdir}", flush=True)
+        meta = self._meta(started, load_before, venv)
+        results = {"meta": meta, "points": list(self.points.values()), "memory": self.memory}
+        self.out.mkdir(parents=True, exist_ok=True)
+        written = report.write(results, self.out)
+        for path in written:
+            print(f"wrote {path}", flush=True)
+
+    # -- servers -------------------------------------------------------------------------------
+
+    def _start(self, server_key: str, venv: Path | None):
+        from tritonstack.benchmarks import servers
+        from tritonstack.benchmarks.variants import write_variant
+
+        log = self.workdir / f"{server_key.replace(':', '-')}.log"
+        if server_key == "fastapi":
+            return servers.start_fastapi(venv, log)
+        if server_key == "mlserver":
+            return servers.start_mlserver(venv, log)
+        variant = "default" if server_key == "memory" else server_key.split(":", 1)[1]
+        repository = self.workdir / "repositories" / server_key.replace(":", "-")
+        write_variant(DEFAULT_MODEL_REPOSITORY, repository, variant)
+        return servers.start_triton(repository, log, server_key)
+
+    def _run_server(self, server_key: str, points, venv: Path | None) -> None:
+        self.progress.step(f"start {server_key}")
+        server = self._start(server_key, venv)
+        try:
+            if server_key == "memory":
+                self._memory(server)
+            for point in points:
+                self._measure(server, point)
+        finally:
+            server.stop()
+
+    # -- one point -----------------------------------------------------------------------------
+
+    def _measure(self, server, point) -> None:
+        from tritonstack.benchmarks.loadgen import Target
+        from tritonstack.benchmarks.servers import cpu_delta
+        from tritonstack.benchmarks.stats import Rep, saturation_notes, summarize
+
+        s = self.settings
+        target = Target(point.protocol, server.url(point.protocol, point.model), point.model)
+        if point.protocol != "grpc":  # the gRPC workers check their first answer themselves
+            self._check_answer(target.url)
+        self.generator.run(target, point.concurrency, s.warmup_s)
+        counters_before = self._counters(server)
+        tree = server.tree()
+        reps = []
+        for _ in range(s.reps):
+            cpu_before, wall_before = tree.cpu_seconds(), time.monotonic()
+            result = self.generator.run(target, point.concurrency, s.seconds)
+            wall = time.monotonic() - wall_before
+            server_cpu = cpu_delta(cpu_before, tree.cpu_seconds())
+            reps.append(
+                Rep(
+                    requests=result.requests,
+                    errors=result.errors,
+                    seconds=result.seconds,
+                    mean_ms=result.mean_ms,
+                    p50_ms=result.p50_ms,
+                    p95_ms=result.p95_ms,
+                    p99_ms=result.p99_ms,
+                    server_cores=server_cpu / wall,
+                    generator_cores=result.generator_cpu_s / result.seconds,
+                )
+            )
+        counters = self._delta(counters_before, self._counters(server))
+        summary = summarize(reps)
+        summary.avg_batch = self._avg_batch(server, point, counters)
+        summary.notes = saturation_notes(summary, os.cpu_count() or 1, point.concurrency)
+        self.points[point.key] = {
+            **asdict(point),
+            "key": point.key,
+            "summary": asdict(summary),
+            "reps": [asdict(r) for r in reps],
+            "counters": counters,
+        }
+        self.progress.step(
+            f"{point.server}: {point.model} {point.protocol} c={point.concurrency}: "
+            f"{summary.rps.median:,.0f} req/s, p99 {summary.p99_ms.median:.1f} ms, "
+            f"server {summary.server_cores:.2f} cores, generator {summary.generator_cores:.2f}"
+            + (f" [{'; '.join(summary.notes)}]" if summary.notes else "")
+        )
+
+    def _check_answer(self, url: str) -> None:
+        body = (self.workdir / "load" / "body.json").read_bytes()
+        request = urllib.request.Request(
+            url, data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                outputs = json.loads(answer.read())["outputs"]
+        except Exception as exc:
+            raise UserError(f"check request to {url} failed: {exc}") from None
+        names = {o["name"] for o in outputs}
+        if not names & {"class", "label"}:
+            raise UserError(f"{url} answered without class/label outputs: {sorted(names)}")
+
+    def _counters(self, server) -> dict:
+        from tritonstack.metrics import model_value, scrape
+
+        if server.metrics is None:
+            return {}
+        samples = scrape(server.metrics)
+        if server.name == "mlserver":
+            return {
+                "classifier": {
+                    "inferences": sum(
+                        v for (n, _), v in samples.items() if n == "tritonstack_batch_rows_sum"
+                    ),
+                    "executions": sum(
+                        v for (n, _), v in samples.items() if n == "tritonstack_batch_rows_count"
+                    ),
+                }
+            }
+        return {
+            model: {key: model_value(samples, name, model) for key, name in TRITON_COUNTERS.items()}
+            for model in TRITON_MODELS
+        }
+
+    @staticmethod
+    def _delta(before: dict, after: dict) -> dict:
+        return {
+            model: {key: after[model][key] - value for key, value in values.items()}
+            for model, values in before.items()
+        }
+
+    @staticmethod
+    def _avg_batch(server, point, counters: dict) -> float | None:
+        from tritonstack.benchmarks.stats import average_batch
+
+        if server.name == "fastapi":
+            return 1.0  # one request, one session.run
+        model = counters.get("classifier")
+        if not model:
+            return None
+        return average_batch({"inferences": 0, "executions": 0}, model)
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def _memory(self, server) -> None:
+        from tritonstack.benchmarks.loadgen import Target
+
+        s = self.settings
+        targets = [
+            Target("http-json", server.url("http-json", m), m) for m in ("pipeline", "classify")
+        ]
+        for target in targets:
+            self._check_answer(target.url)
+            self.generator.run(target, 16, s.warmup_s)
+        tree = server.tree()
+        rss_warm = tree.rss_bytes()
+        sent = errors = 0
+        chunk = 0
+        while sent < s.memory_requests:
+            result = self.generator.run(targets[chunk % 2], 16, s.memory_chunk_s)
+            sent += result.requests
+            errors += result.errors
+            chunk += 1
+        rss_after = tree.rss_bytes()
+        self.memory = {
+            "requests": sent,
+            "errors": errors,
+            "target_requests": s.memory_requests,
+            "rss_warm_bytes": rss_warm,
+            "rss_after_bytes": rss_after,
+            "growth": (rss_after - rss_warm) / rss_warm,
+            "processes": len(tree.processes()),
+        }
+        self.progress.step(
+            f"memory: RSS {rss_warm / 2**20:.0f} MiB after warm-up, {rss_after / 2**20:.0f} MiB "
+            f"after {sent:,} requests ({self.memory['growth']:+.1%})"
+        )
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def _meta(self, started: datetime, load_before, venv: Path | None) -> dict:
+        from importlib.metadata import version
+
+        import psutil
+
+        cpu_model = platform.processor()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        versions = {
+            name: version(name)
+            for name in ("nvidia-pytriton", "tritonclient", "onnxruntime", "numpy")
+        }
+        versions["tritonserver"] = "2.51.0"
+        if venv is not None:
+            from tritonstack.benchmarks.servers import REQUIREMENTS
+
+            for line in REQUIREMENTS.read_text().splitlines():
+                name = line.split("==")[0].split("[")[0].lower()
+                if name in ("mlserver", "fastapi", "uvicorn", "uvloop"):
+                    versions[name] = line.split("==")[1]
+        finished = datetime.now(timezone.utc)
+        return {
+            "mode": self.settings.label,
+            "quick": self.settings.quick,
+            "families": self.families,
+            "started": started.isoformat(timespec="seconds"),
+            "duration_s": round((finished - started).total_seconds()),
+            "command": "tritonstack bench" + (" --quick" if self.settings.quick else ""),
+            "cpu": cpu_model,
+            "cores": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(),
+            "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "versions": versions,
+            "settings": asdict(self.settings),
+            "wrk": _wrk_version(),
+        }
+
+
+def _wrk_version() -> str:
+    import subprocess
+
+    from tritonstack.benchmarks.loadgen import wrk_path
+
+    done = subprocess.run([wrk_path(), "--version"], capture_output=True, text=True)
+    return (
+        (done.stdout or done.stderr).splitlines()[0].strip() if (done.stdout or done.stderr) else ""
+    )

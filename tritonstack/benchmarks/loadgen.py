@@ -1,0 +1,251 @@
+"""Load generators: wrk (C, HTTP) and a multi-process gRPC client, both closed-loop.
+
+Every server gets the same request: one row of 128 FP32 features (a fixed seeded vector), as KServe
+v2 JSON, as JSON header + binary tensor (Triton's binary-data extension), or as a gRPC
+ModelInferRequest serialised once. The generators replay those bytes without parsing the answers
+(one answer per point is checked beforehand), so their own cost stays small and is measured:
+wrk's CPU comes from the kernel's accounting of the reaped child (getrusage), the gRPC workers
+report their process CPU time over the measured window.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tritonstack.errors import UserError
+
+PROTOCOLS = ("http-json", "http-binary", "grpc")
+ROWS = 1
+FEATURES = 128
+
+#: wrk prints this line from the Lua `done` hook; the bench parses it.
+WRK_SCRIPT = """\
+local f = assert(io.open(%(body)s, "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+%(headers)s
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'BENCH {"requests":%%d,"duration_us":%%d,"connect":%%d,"read":%%d,"write":%%d,' ..
+    '"status":%%d,"timeout":%%d,"mean_us":%%f,"p50_us":%%d,"p95_us":%%d,"p99_us":%%d}\\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency.mean, latency:percentile(50), latency:percentile(95), latency:percentile(99)))
+end
+"""
+
+
+def features(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((ROWS, FEATURES)).astype(np.float32)
+
+
+def json_body(data: np.ndarray) -> bytes:
+    tensor = {
+        "name": "features",
+        "shape": list(data.shape),
+        "datatype": "FP32",
+        "data": [round(float(x), 6) for x in data.ravel()],
+    }
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def binary_body(data: np.ndarray) -> tuple[bytes, int]:
+    """(body, length of its JSON header) for Triton's binary tensor extension."""
+    raw = np.ascontiguousarray(data, dtype=np.float32).tobytes()
+    header = {
+        "inputs": [
+            {
+                "name": "features",
+                "shape": list(data.shape),
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": len(raw)},
+            }
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    head = json.dumps(header).encode()
+    return head + raw, len(head)
+
+
+def grpc_body(model: str, data: np.ndarray) -> bytes:
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = "features", "FP32"
+    tensor.shape.extend(data.shape)
+    request.raw_input_contents.append(np.ascontiguousarray(data, dtype=np.float32).tobytes())
+    return request.SerializeToString()
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send load: an HTTP URL (wrk) or a gRPC host:port plus model."""
+
+    protocol: str
+    url: str  # http://host:port/v2/models/<m>/infer, or host:port for grpc
+    model: str
+
+
+@dataclass(frozen=True)
+class Result:
+    requests: int  # answered with 2xx / OK
+    errors: int
+    seconds: float
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    generator_cpu_s: float
+
+
+def wrk_path() -> str:
+    path = shutil.which("wrk")
+    if path is None:
+        raise UserError(
+            "wrk is not installed; `apt-get install wrk` (Debian/Ubuntu) — the bench's HTTP "
+            "load generator"
+        )
+    return path
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Generator:
+    """Writes the request bodies once and runs timed closed-loop load against a target."""
+
+    def __init__(self, workdir: Path, grpc_processes: int = 2):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.grpc_processes = grpc_processes
+        data = features()
+        (self.workdir / "body.json").write_bytes(json_body(data))
+        body, header_length = binary_body(data)
+        (self.workdir / "body.bin").write_bytes(body)
+        self.scripts = {
+            "http-json": self._script("body.json", {"Content-Type": "application/json"}),
+            "http-binary": self._script(
+                "body.bin",
+                {
+                    "Content-Type": "application/octet-stream",
+                    "Inference-Header-Content-Length": str(header_length),
+                },
+            ),
+        }
+
+    def _script(self, body: str, headers: dict[str, str]) -> Path:
+        lines = "\n".join(
+            f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()
+        )
+        path = self.workdir / f"{body}.lua"
+        text = WRK_SCRIPT % {"body": json.dumps(str(self.workdir / body)), "headers": lines}
+        path.write_text(text)
+        return path
+
+    def run(self, target: Target, concurrency: int, seconds: float) -> Result:
+        if target.protocol == "grpc":
+            return self._grpc(target, concurrency, seconds)
+        if target.protocol not in self.scripts:
+            raise UserError(f"protocol {target.protocol!r} is not one of {PROTOCOLS}")
+        return self._wrk(target, concurrency, seconds)
+
+    def _wrk(self, target: Target, concurrency: int, seconds: float) -> Result:
+        # One wrk thread: it drives well over 20k req/s, and a second one would take a core
+        # from the server on a 2-core machine.
+        command = [
+            wrk_path(),
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout=10s",
+            "-s",
+            str(self.scripts[target.protocol]),
+            target.url,
+        ]
+        cpu_before = children_cpu()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
+        cpu = children_cpu() - cpu_before
+        line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+        if done.returncode != 0 or line is None:
+            raise UserError(f"wrk failed on {target.url}: {done.stderr.strip() or done.stdout}")
+        stats = json.loads(line[len("BENCH ") :])
+        errors = sum(stats[k] for k in ("connect", "read", "write", "status", "timeout"))
+        return Result(
+            requests=stats["requests"] - stats["status"],
+            errors=errors,
+            seconds=stats["duration_us"] / 1e6,
+            mean_ms=stats["mean_us"] / 1000,
+            p50_ms=stats["p50_us"] / 1000,
+            p95_ms=stats["p95_us"] / 1000,
+            p99_ms=stats["p99_us"] / 1000,
+            generator_cpu_s=cpu,
+        )
+
+    def _grpc(self, target: Target, concurrency: int, seconds: float) -> Result:
+        processes = max(1, min(self.grpc_processes, concurrency))
+        shares = [
+            concurrency // processes + (i < concurrency % processes) for i in range(processes)
+        ]
+        body = self.workdir / f"grpc-{target.model}.bin"
+        body.write_bytes(grpc_body(target.model, features()))
+        outdir = Path(tempfile.mkdtemp(dir=self.workdir, prefix="grpc-"))
+        workers = []
+        for i, share in enumerate(shares):
+            command = [
+                sys.executable,
+                "-m",
+                "tritonstack.benchmarks.grpc_worker",
+                target.url,
+                str(body),
+                str(share),
+                str(seconds),
+                str(outdir / f"{i}.json"),
+            ]
+            workers.append(
+                subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            )
+        try:
+            for worker in workers:  # each connects and sends one request, then says READY
+                if worker.stdout.readline().strip() != "READY":
+                    raise UserError(f"gRPC load worker could not reach {target.url}")
+            for worker in workers:
+                worker.stdin.write("GO\n")
+                worker.stdin.flush()
+            for worker in workers:
+                worker.wait(timeout=seconds + 60)
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+        reports = [json.loads((outdir / f"{i}.json").read_text()) for i in range(len(shares))]
+        latencies = np.concatenate(
+            [np.asarray(r["latencies_us"], dtype=np.float64) for r in reports]
+        )
+        shutil.rmtree(outdir, ignore_errors=True)
+        if latencies.size == 0:
+            raise UserError(f"no gRPC request to {target.url} succeeded")
+        p50, p95, p99 = np.percentile(latencies, [50, 95, 99]) / 1000
+        return Result(
+            requests=int(latencies.size),
+            errors=sum(r["errors"] for r in reports),
+            seconds=max(r["seconds"] for r in reports),
+            mean_ms=float(latencies.mean() / 1000),
+            p50_ms=float(p50),
+            p95_ms=float(p95),
+            p99_ms=float(p99),
+            generator_cpu_s=sum(r["cpu_s"] for r in reports),
+        )

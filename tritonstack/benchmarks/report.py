@@ -1,0 +1,383 @@
+"""docs/benchmarks.md and its plots, rendered from a run's results (also kept as results.json).
+
+`render_markdown` is pure (results dict in, Markdown out) so it is unit-tested; `write` adds the
+PNG plots (matplotlib, Agg backend) and the JSON next to the Markdown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tritonstack.benchmarks.scenarios import DELAY_SERVERS, FAMILIES, TRITON, Point
+from tritonstack.benchmarks.stats import Target, ratio_target
+
+PLOTS = {
+    "throughput": "throughput vs concurrency (HTTP/JSON, batch-1 requests)",
+    "latency": "p99 latency vs throughput (each marker one concurrency)",
+}
+SERVER_NAMES = {
+    "triton:default": "Triton",
+    "triton:batching-off": "Triton, batching off",
+    "triton:delay-0": "Triton, delay 0 us",
+    "triton:delay-500": "Triton, delay 500 us",
+    "triton:delay-2000": "Triton, delay 2000 us",
+    "triton:python-x2": "Triton, 2 Python instances",
+    "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
+    "mlserver": "MLServer 1.7.1, adaptive batching",
+}
+
+#: The GPU bench profile for docker-compose.yml (integrated by the compose owner, issue #3).
+COMPOSE_BENCH = """\
+  perf-analyzer:
+    profiles: ["bench"]
+    image: nvcr.io/nvidia/tritonserver:24.10-py3-sdk  # same release as the server (2.51)
+    depends_on:
+      triton:
+        condition: service_healthy
+    environment:
+      TRITON_HOST: triton
+      CONCURRENCIES: ${BENCH_CONCURRENCIES:-1 4 8 16 32 64}
+    volumes:
+      - ./bench:/bench:ro
+      - ./results:/results
+    command: ["bash", "/bench/perf_analyzer.sh"]
+"""
+
+
+def key(server: str, model: str, protocol: str, concurrency: int) -> str:
+    return Point(server, model, protocol, concurrency).key
+
+
+def _get(results: dict, server: str, model: str, protocol: str, c: int) -> dict | None:
+    for point in results["points"]:
+        if point["key"] == key(server, model, protocol, c):
+            return point
+    return None
+
+
+def _rps(point: dict | None) -> float | None:
+    return point["summary"]["rps"]["median"] if point else None
+
+
+def _p99(point: dict | None) -> float | None:
+    return point["summary"]["p99_ms"]["median"] if point else None
+
+
+def targets(results: dict) -> list[Target]:
+    """The issue's targets, evaluated on this run's medians."""
+    json_ = "http-json"
+    pipeline16 = _get(results, TRITON, "pipeline", json_, 16)
+    classify16 = _get(results, TRITON, "classify", json_, 16)
+    classifier16 = _get(results, TRITON, "classifier", json_, 16)
+    fastapi16 = _get(results, "fastapi", "classifier", json_, 16)
+    on32 = _get(results, TRITON, "classifier", json_, 32)
+    off32 = _get(results, "triton:batching-off", "classifier", json_, 32)
+
+    vs_fastapi = ratio_target(
+        "pipeline ≥ 3x FastAPI throughput at 16 clients, p99 no worse",
+        _rps(pipeline16),
+        _rps(fastapi16),
+        3.0,
+    )
+    if vs_fastapi.passed is not None:
+        p99_ok = _p99(pipeline16) <= _p99(fastapi16)
+        vs_fastapi = Target(
+            vs_fastapi.name,
+            vs_fastapi.passed and p99_ok,
+            f"{vs_fastapi.detail}; p99 {_p99(pipeline16):.1f} vs {_p99(fastapi16):.1f} ms"
+            f" ({'no worse' if p99_ok else 'worse'})",
+        )
+    return [
+        vs_fastapi,
+        ratio_target(
+            "pipeline ≥ 80% of direct classifier throughput (16 clients)",
+            _rps(pipeline16),
+            _rps(classifier16),
+            0.8,
+        ),
+        ratio_target(
+            "classify ≥ 80% of direct classifier throughput (16 clients)",
+            _rps(classify16),
+            _rps(classifier16),
+            0.8,
+        ),
+        ratio_target(
+            "dynamic batching ≥ 2x vs off at 32 clients (classifier)", _rps(on32), _rps(off32), 2.0
+        ),
+    ]
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def _spread(s: dict, digits: int = 0) -> str:
+    if s["low"] == s["high"]:
+        return _num(s["median"], digits)
+    return f"{_num(s['median'], digits)} ({_num(s['low'], digits)}-{_num(s['high'], digits)})"
+
+
+TABLE_HEAD = (
+    "| scenario | req/s (min-max) | inferences/s | p50 ms | p95 ms | p99 ms (min-max) "
+    "| avg batch | server CPU (cores) | generator CPU (cores) |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def _row(label: str, point: dict | None) -> str:
+    if point is None:
+        return f"| {label} | not run | | | | | | | |"
+    s = point["summary"]
+    inferences = s["rps"]["median"] * s["rows_per_request"]
+    flag = " ⚠" if s["notes"] else ""
+    return (
+        f"| {label}{flag} | {_spread(s['rps'])} | {_num(inferences)} | {s['p50_ms']:.2f} | "
+        f"{s['p95_ms']:.2f} | {_spread(s['p99_ms'], 1)} | {_num(s['avg_batch'], 1)} | "
+        f"{s['server_cores']:.2f} | {s['generator_cores']:.2f} |"
+    )
+
+
+def _label(point: dict, family: str) -> str:
+    server = SERVER_NAMES.get(point["server"], point["server"])
+    model = point["model"]
+    if family in ("baselines",) and point["server"] in ("fastapi", "mlserver"):
+        return f"{server}, c={point['concurrency']}"
+    if family == "delay":
+        us = next(u for u, srv in DELAY_SERVERS.items() if srv == point["server"])
+        return f"`{model}` delay {us} us, c={point['concurrency']}"
+    if family == "protocols":
+        return f"`{model}` {point['protocol']}"
+    return f"`{model}` {server}, c={point['concurrency']}"
+
+
+def family_table(results: dict, family: str) -> str:
+    from tritonstack.benchmarks.scenarios import FULL, QUICK, family_points
+
+    settings = QUICK if results["meta"]["quick"] else FULL
+    rows = [TABLE_HEAD]
+    for point in family_points(family, settings):
+        found = _get(results, point.server, point.model, point.protocol, point.concurrency)
+        rows.append(_row(_label(found or {**point.__dict__}, family), found))
+    return "\n".join(rows)
+
+
+def _notes(results: dict) -> list[str]:
+    lines = []
+    for point in results["points"]:
+        for note in point["summary"]["notes"]:
+            lines.append(
+                f"- {SERVER_NAMES.get(point['server'], point['server'])} `{point['model']}` "
+                f"{point['protocol']} c={point['concurrency']}: {note}"
+            )
+    return lines
+
+
+def _breakdown(results: dict) -> str:
+    """Where a request's time goes inside Triton (its metrics), per model, at 16 clients."""
+    lines = [
+        "| request sent to | model | executions | avg batch | queue us/request "
+        "| compute us/request |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for sent in ("classifier", "pipeline", "classify"):
+        point = _get(results, TRITON, sent, "http-json", 16)
+        if point is None:
+            continue
+        for model, c in point["counters"].items():
+            if not c.get("requests"):
+                continue
+            lines.append(
+                f"| `{sent}` | `{model}` | {c['executions']:,.0f} | "
+                f"{c['inferences'] / c['executions']:.1f} | "
+                f"{c['queue_us'] / c['requests']:.0f} | {c['compute_us'] / c['requests']:.0f} |"
+            )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def render_markdown(results: dict) -> str:
+    meta = results["meta"]
+    quick = meta["quick"]
+    out = ["# Benchmarks", ""]
+    if quick:
+        out += [
+            "> **QUICK MODE: smoke numbers, not results.** Short runs, few points, "
+            f"{meta['settings']['memory_requests']:,} requests for the memory check. "
+            "Run `tritonstack bench` on a quiet machine for numbers worth quoting.",
+            "",
+        ]
+    if meta["load_before"][0] > 0.5 * meta["cores"]:
+        out += [
+            f"> **Warning: the machine was busy** (load average {meta['load_before'][0]} on "
+            f"{meta['cores']} cores when the run started): other processes shared the CPU, so "
+            "these numbers understate every server and their spread is wide.",
+            "",
+        ]
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(meta["versions"].items()))
+    s = meta["settings"]
+    out += [
+        f"Measured by `{meta['command']}` on {meta['started']} in {meta['duration_s'] // 60} min "
+        f"{meta['duration_s'] % 60} s: {meta['cpu']}, {meta['cores']} cores, "
+        f"{meta['memory_gib']} GiB, Python {meta['python']}, no GPU. Load average before / after: "
+        f"{meta['load_before'][0]} / {meta['load_after'][0]} (anything well above 0 before the "
+        "run means other work shared the CPU).",
+        "",
+        f"Versions: {versions}; load generator {meta['wrk']}.",
+        "",
+        f"Each point: a check request, {s['warmup_s']} s warm-up, {s['reps']} repetitions of "
+        f"{s['seconds']} s; tables give the median and, in brackets, min-max over repetitions. "
+        "Every request is one row of 128 FP32 features (KServe v2 JSON unless the protocol says "
+        "otherwise). CPU is in cores (2.0 = the whole machine), summed over the server's process "
+        "tree and over the load generator's processes. ⚠ marks a point with a note below.",
+        "",
+        "## Targets",
+        "",
+        "| target | verdict | numbers |",
+        "|---|---|---|",
+    ]
+    out += [f"| {t.name} | {t.verdict} | {t.detail} |" for t in targets(results)]
+    out.append("")
+    if "concurrency" in meta["families"] or "baselines" in meta["families"]:
+        out += ["## Plots", ""]
+        out += [f"![{title}](benchmarks/{name}.png)" for name, title in PLOTS.items()]
+        out.append("")
+    for family in meta["families"]:
+        if family == "memory":
+            continue
+        out += [f"## {FAMILIES[family][0].upper()}{FAMILIES[family][1:]}", ""]
+        out += [family_table(results, family), ""]
+        if family == "models":
+            breakdown = _breakdown(results)
+            if breakdown:
+                out += [
+                    "Inside Triton (its metrics, deltas over the repetitions at 16 clients): "
+                    "executions and batch size per model, and the average time a request spent "
+                    "queued and computing in each.",
+                    "",
+                    breakdown,
+                    "",
+                ]
+    memory = results.get("memory")
+    if memory:
+        label = "" if not quick else " (quick mode: far fewer requests than the full run's 100k)"
+        verdict = "within" if abs(memory["growth"]) <= 0.10 else "**not within**"
+        out += [
+            "## Memory",
+            "",
+            f"Fresh Triton (default repository), `pipeline` and `classify` alternating at 16 "
+            f"clients{label}: RSS of tritonserver and its {memory['processes'] - 1} stub "
+            f"processes {memory['rss_warm_bytes'] / 2**20:.0f} MiB after warm-up, "
+            f"{memory['rss_after_bytes'] / 2**20:.0f} MiB after {memory['requests']:,} requests "
+            f"({memory['growth']:+.1%}; {verdict} the 10% target; {memory['errors']} errors). "
+            "RSS is summed per process, so pages the stubs share are counted more than once.",
+            "",
+        ]
+    notes = _notes(results)
+    out += ["## Load generator and saturation notes", ""]
+    out += notes or ["- none: no point's generator used more than 45% of the machine."]
+    out += [
+        "",
+        "HTTP load comes from wrk (C, one thread, keep-alive connections = concurrency). gRPC "
+        "load comes from Python processes replaying a pre-serialised ModelInferRequest on "
+        "grpc.aio channels; it costs far more CPU per request than wrk, so gRPC rows compare "
+        "generators as much as protocols: read the generator CPU column.",
+        "",
+    ]
+    out += [
+        "## How to reproduce",
+        "",
+        "```bash",
+        "apt-get install wrk                  # the HTTP load generator",
+        "tritonstack bench                    # full run: this file and docs/benchmarks/*.png",
+        "tritonstack bench --quick --out /tmp/bench   # smoke run, < 3 min, every scenario family",
+        "```",
+        "",
+        "The baselines install once into `~/.cache/tritonstack/bench-venv-<hash>` from "
+        "`bench/requirements-baselines.txt` (FastAPI app: `bench/fastapi_app.py`; MLServer "
+        "runtime: `bench/mlserver_runtime.py`). Triton variants are copies of `model_repository/` "
+        "with one field changed (`tritonstack/benchmarks/variants.py`).",
+        "",
+        "## On a GPU host: perf_analyzer under compose",
+        "",
+        "The compose profile `bench` runs perf_analyzer from the Triton SDK image (same release as "
+        "the server) against the running stack, for the same models and both protocols, and "
+        "writes CSVs to `results/`:",
+        "",
+        "```bash",
+        "docker compose --profile bench run --rm perf-analyzer",
+        "```",
+        "",
+        "Service definition:",
+        "",
+        "```yaml",
+        COMPOSE_BENCH.rstrip(),
+        "```",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def series(results: dict) -> dict[str, list[tuple[int, float, float]]]:
+    """{series label: [(concurrency, req/s, p99 ms)]} for HTTP/JSON points, 2+ points each."""
+    found: dict[str, list[tuple[int, float, float]]] = {}
+    for point in results["points"]:
+        if point["protocol"] != "http-json":
+            continue
+        name = SERVER_NAMES.get(point["server"], point["server"])
+        label = name if point["server"] in ("fastapi", "mlserver") else f"{name}: {point['model']}"
+        s = point["summary"]
+        found.setdefault(label, []).append(
+            (point["concurrency"], s["rps"]["median"], s["p99_ms"]["median"])
+        )
+    return {k: sorted(v) for k, v in found.items() if len(v) >= 2}
+
+
+def plot(results: dict, directory: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    data = series(results)
+    suffix = " [QUICK: smoke numbers]" if results["meta"]["quick"] else ""
+    written = []
+    for name, title in PLOTS.items():
+        figure, axes = plt.subplots(figsize=(8, 5), dpi=100)
+        for label, points in data.items():
+            c, rps, p99 = zip(*points, strict=True)
+            if name == "throughput":
+                axes.plot(c, rps, marker="o", label=label)
+            else:
+                axes.plot(rps, p99, marker="o", label=label)
+        if name == "throughput":
+            axes.set_xscale("log", base=2)
+            ticks = sorted({c for points in data.values() for c, _, _ in points})
+            axes.set_xticks(ticks, [str(c) for c in ticks])
+            axes.set_xlabel("concurrent clients")
+            axes.set_ylabel("requests/s")
+        else:
+            axes.set_yscale("log")
+            axes.set_xlabel("requests/s")
+            axes.set_ylabel("p99 latency (ms)")
+        axes.set_title(title + suffix, fontsize=10)
+        axes.grid(True, alpha=0.3)
+        if data:
+            axes.legend(fontsize=8)
+        figure.tight_layout()
+        path = directory / f"{name}.png"
+        figure.savefig(path, metadata={"Software": None})
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def write(results: dict, out: Path) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = plot(results, out / "benchmarks")
+    data = out / "benchmarks" / "results.json"
+    data.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    markdown = out / "benchmarks.md"
+    markdown.write_text(render_markdown(results))
+    return [markdown, data, *written]

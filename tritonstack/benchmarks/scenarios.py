@@ -1,0 +1,173 @@
+"""What `tritonstack bench` measures: scenario families, their points, the run settings.
+
+A point is one (server, model, protocol, concurrency). Families share points (the `classifier`
+at 32 clients on the default repository is both the batching-on row and the 100 us row of the
+delay sweep); `plan` measures each point once and groups them by server, so every server is
+started once, fresh, and stopped before the next starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+FAMILIES = {
+    "models": "classifier direct vs pipeline (ensemble) vs classify (BLS)",
+    "batching": "dynamic batching off vs on",
+    "delay": "queue delay sweep (max_queue_delay_microseconds)",
+    "instances": "instance count 1 vs 2 for the Python models",
+    "protocols": "HTTP/JSON vs HTTP binary tensors vs gRPC",
+    "concurrency": "concurrency sweep",
+    "baselines": "FastAPI + onnxruntime, MLServer (adaptive batching) vs Triton",
+    "memory": "server RSS after warm-up vs after many requests",
+}
+
+#: Server keys: "triton:<repository variant>" or a baseline name, in the order they run.
+SERVER_ORDER = (
+    "triton:default",
+    "triton:batching-off",
+    "triton:delay-0",
+    "triton:delay-500",
+    "triton:delay-2000",
+    "triton:python-x2",
+    "fastapi",
+    "mlserver",
+    "memory",
+)
+DELAY_SERVERS = {0: "triton:delay-0", 100: "triton:default", 500: "triton:delay-500"} | {
+    2000: "triton:delay-2000"
+}
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    server: str
+    model: str
+    protocol: str
+    concurrency: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.server}|{self.model}|{self.protocol}|c{self.concurrency}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    quick: bool
+    warmup_s: float
+    seconds: float
+    reps: int
+    memory_requests: int
+    concurrencies: tuple[int, ...]
+    baseline_concurrencies: tuple[int, ...]
+    sweep_models: tuple[str, ...]
+    memory_chunk_s: float
+
+    @property
+    def label(self) -> str:
+        return "quick (smoke numbers, not results)" if self.quick else "full"
+
+
+FULL = Settings(
+    quick=False,
+    warmup_s=2,
+    seconds=5,
+    reps=3,
+    memory_requests=100_000,
+    concurrencies=(1, 4, 8, 16, 32, 64),
+    baseline_concurrencies=(1, 4, 16, 32, 64),
+    sweep_models=("classifier", "pipeline", "classify"),
+    memory_chunk_s=10,
+)
+QUICK = Settings(
+    quick=True,
+    warmup_s=1,
+    seconds=1,
+    reps=2,
+    memory_requests=5_000,
+    concurrencies=(1, 64),
+    baseline_concurrencies=(1, 16),
+    sweep_models=("classifier", "pipeline"),
+    memory_chunk_s=1,
+)
+
+TRITON = "triton:default"
+JSON = "http-json"
+
+
+def family_points(family: str, s: Settings) -> list[Point]:
+    """The points one family's table shows, in table order."""
+    if family == "models":
+        return [Point(TRITON, m, JSON, 16) for m in ("classifier", "pipeline", "classify")]
+    if family == "batching":
+        cases = [("classifier", 32)] if s.quick else [("classifier", 16), ("classifier", 32)]
+        cases += [] if s.quick else [("pipeline", 32)]
+        return [
+            Point(server, model, JSON, c)
+            for model, c in cases
+            for server in ("triton:batching-off", TRITON)
+        ]
+    if family == "delay":
+        cases = [("classifier", 32)] + ([] if s.quick else [("pipeline", 16)])
+        return [
+            Point(DELAY_SERVERS[us], model, JSON, c)
+            for model, c in cases
+            for us in sorted(DELAY_SERVERS)
+        ]
+    if family == "instances":
+        cases = [16] if s.quick else [16, 32]
+        return [
+            Point(server, model, JSON, c)
+            for c in cases
+            for model in ("pipeline", "classify")
+            for server in (TRITON, "triton:python-x2")
+        ]
+    if family == "protocols":
+        models = ("pipeline",) if s.quick else ("classifier", "pipeline")
+        return [
+            Point(TRITON, m, p, 16) for m in models for p in ("http-json", "http-binary", "grpc")
+        ]
+    if family == "concurrency":
+        return [
+            Point(TRITON, m, JSON, c)
+            for m in s.sweep_models
+            for c in sorted({*s.concurrencies, 16})
+        ]
+    if family == "baselines":
+        return [Point(TRITON, "pipeline", JSON, 16)] + [
+            Point(server, "classifier", JSON, c)
+            for server in ("fastapi", "mlserver")
+            for c in sorted({*s.baseline_concurrencies, 16})
+        ]
+    if family == "memory":
+        return []
+    raise ValueError(f"unknown family {family!r}")
+
+
+def plan(families: Iterable[str], s: Settings) -> list[tuple[str, list[Point]]]:
+    """[(server key, its points in measuring order)] for the chosen families, each point once."""
+    wanted: dict[str, list[Point]] = {}
+    families = list(families)
+    for family in families:
+        for point in family_points(family, s):
+            points = wanted.setdefault(point.server, [])
+            if point not in points:
+                points.append(point)
+    if "memory" in families:
+        wanted["memory"] = []
+    return [(server, sorted(wanted[server])) for server in SERVER_ORDER if server in wanted]
+
+
+#: Rough seconds each step takes, for the ETA (refined from the real pace as the run goes).
+START_SECONDS = {"fastapi": 4.0, "mlserver": 8.0}
+TRITON_START_SECONDS = 6.0
+
+
+def estimate_seconds(server: str, points: list[Point], s: Settings) -> float:
+    start = START_SECONDS.get(server, TRITON_START_SECONDS)
+    per_point = s.warmup_s + s.reps * s.seconds + 0.5
+    grpc = sum(1.5 * (s.reps + 1) for p in points if p.protocol == "grpc")
+    memory = 0.0
+    if server == "memory":
+        memory = 2 * s.warmup_s + s.memory_requests / 3000
+    return start + per_point * len(points) + grpc + memory

@@ -1,0 +1,266 @@
+"""The servers under test, started fresh per scenario group, and their CPU and memory.
+
+Triton is the embedded runtime (tritonstack.runtime) on a repository variant. The baselines run
+from their own virtualenv (`baseline_venv`), created on first use from
+bench/requirements-baselines.txt so their pins never touch the project's environment.
+CPU and RSS are summed over the server's whole process tree: tritonserver and its Python stubs,
+uvicorn, MLServer's front end and inference worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.errors import UserError
+from tritonstack.runtime import EmbeddedTriton, default_cache_dir
+
+BENCH_DIR = Path(__file__).resolve().parent.parent.parent / "bench"
+REQUIREMENTS = BENCH_DIR / "requirements-baselines.txt"
+MODEL_ONNX = DEFAULT_MODEL_REPOSITORY / "classifier" / "1" / "model.onnx"
+LABELS = DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt"
+BASELINES = ("fastapi", "mlserver")
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class ProcessTree:
+    """CPU seconds and RSS of a process and all its descendants."""
+
+    def __init__(self, pid: int):
+        self.root = psutil.Process(pid)
+
+    def processes(self) -> list[psutil.Process]:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def cpu_seconds(self) -> dict[int, float]:
+        times = {}
+        for process in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                cpu = process.cpu_times()
+                times[process.pid] = cpu.user + cpu.system
+        return times
+
+    def rss_bytes(self) -> int:
+        total = 0
+        for process in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += process.memory_info().rss
+        return total
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two readings (processes present in both)."""
+    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
+
+
+@dataclass
+class Server:
+    """A started server: where to send each protocol, its process tree, how to stop it."""
+
+    name: str
+    http: str  # host:port
+    grpc: str | None
+    metrics: str | None  # full URL of a Prometheus endpoint
+    pid: int
+    stop_callback: object = field(repr=False, default=None)
+
+    def url(self, protocol: str, model: str) -> str:
+        if protocol == "grpc":
+            if self.grpc is None:
+                raise UserError(f"{self.name} is not benchmarked over gRPC")
+            return self.grpc
+        return f"http://{self.http}/v2/models/{model}/infer"
+
+    def tree(self) -> ProcessTree:
+        return ProcessTree(self.pid)
+
+    def stop(self) -> None:
+        if self.stop_callback is not None:
+            self.stop_callback()
+            self.stop_callback = None
+
+
+def start_triton(repository: Path, log_path: Path, name: str) -> Server:
+    http, grpc, metrics = free_ports(3)
+    triton = EmbeddedTriton(repository, http, grpc, metrics, log_path=log_path)
+    triton.start(timeout=180)
+    return Server(
+        name, triton.http_url, triton.grpc_url, triton.metrics_url, triton.process.pid, triton.stop
+    )
+
+
+def baseline_venv(cache_dir: Path | None = None, progress=print) -> Path:
+    """The baselines' virtualenv, (re)created when bench/requirements-baselines.txt changes."""
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]
+    venv = Path(cache_dir or default_cache_dir()) / f"bench-venv-{digest}"
+    python = venv / "bin" / "python"
+    if (venv / ".installed").exists():
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    progress(f"installing the baselines (FastAPI, MLServer) into {venv} (once, about 30 s)")
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+                str(REQUIREMENTS),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(venv, ignore_errors=True)
+        raise UserError(
+            f"installing the baselines from {REQUIREMENTS} failed (needs PyPI access):\n"
+            f"{(exc.stderr or '').strip()[-2000:]}"
+        ) from None
+    (venv / ".installed").touch()
+    return venv
+
+
+def _wait_http(url: str, process: subprocess.Popen, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise UserError(f"{url}: server exited with code {process.returncode}:\n{tail}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as answer:
+            if answer.status == 200:
+                return
+        time.sleep(0.2)
+    raise UserError(f"{url} not ready after {timeout:.0f} s; see {log}")
+
+
+def _stopper(process: subprocess.Popen, workdir: Path | None = None):
+    def stop() -> None:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    return stop
+
+
+def start_fastapi(venv: Path, log_path: Path) -> Server:
+    """uvicorn with one worker (its default), access log off as in production."""
+    (port,) = free_ports(1)
+    env = dict(os.environ, BENCH_MODEL_ONNX=str(MODEL_ONNX), BENCH_LABELS=str(LABELS))
+    command = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "uvicorn",
+        "fastapi_app:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+    ]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=BENCH_DIR,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = Server("fastapi", f"127.0.0.1:{port}", None, None, process.pid, _stopper(process))
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/v2/health/ready", process, 60, log_path)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def start_mlserver(venv: Path, log_path: Path, max_batch_time_s: float = 0.0001) -> Server:
+    """MLServer 1.7.1 with the custom ONNX runtime and adaptive batching (64 rows, 100 us)."""
+    http, grpc, metrics = free_ports(3)
+    workdir = Path(tempfile.mkdtemp(prefix="tritonstack-mlserver-"))
+    model_dir = workdir / "classifier"
+    model_dir.mkdir()
+    shutil.copy2(BENCH_DIR / "mlserver_runtime.py", model_dir / "mlserver_runtime.py")
+    settings = {
+        "host": "127.0.0.1",
+        "http_port": http,
+        "grpc_port": grpc,
+        "metrics_port": metrics,
+        "debug": False,
+        "metrics_dir": str(workdir / "metrics"),
+    }
+    (workdir / "settings.json").write_text(json.dumps(settings))
+    model_settings = {
+        "name": "classifier",
+        "implementation": "mlserver_runtime.OnnxClassifier",
+        "max_batch_size": 64,
+        "max_batch_time": max_batch_time_s,
+        "parameters": {"uri": str(MODEL_ONNX), "extra": {"labels": str(LABELS)}},
+    }
+    (model_dir / "model-settings.json").write_text(json.dumps(model_settings))
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [str(venv / "bin" / "mlserver"), "start", str(workdir)],
+            cwd=workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"),
+        )
+    server = Server(
+        "mlserver",
+        f"127.0.0.1:{http}",
+        None,
+        f"http://127.0.0.1:{metrics}/metrics",
+        process.pid,
+        _stopper(process, workdir),
+    )
+    try:
+        _wait_http(f"http://127.0.0.1:{http}/v2/models/classifier/ready", process, 120, log_path)
+    except BaseException:
+        server.stop()
+        raise
+    return server

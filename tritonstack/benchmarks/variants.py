@@ -1,0 +1,74 @@
+"""Model-repository variants: copies of the repository with edited config.pbtxt files.
+
+Each variant changes one thing against the committed repository, so a difference in the numbers
+has one cause. Configs are parsed and written with Triton's own schema (model_config_pb2), as
+tritonstack.repository does; comments are not kept in the copies.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from tritonstack.errors import UserError
+from tritonstack.repository import ModelConfig, iter_models
+
+#: Models that run in a Python stub and that the instance-count variant multiplies.
+PYTHON_MODELS = ("postprocess", "classify")
+QUEUE_DELAYS_US = (0, 100, 500, 2000)
+
+
+def _no_batching(config: ModelConfig) -> None:
+    config.ClearField("dynamic_batching")
+
+
+def _queue_delay(microseconds: int) -> Callable[[ModelConfig], None]:
+    def edit(config: ModelConfig) -> None:
+        if config.HasField("dynamic_batching"):
+            config.dynamic_batching.max_queue_delay_microseconds = microseconds
+
+    return edit
+
+
+def _instances(count: int) -> Callable[[ModelConfig], None]:
+    def edit(config: ModelConfig) -> None:
+        if config.name in PYTHON_MODELS:
+            for group in config.instance_group:
+                group.count = count
+
+    return edit
+
+
+def _unchanged(config: ModelConfig) -> None:
+    return None
+
+
+#: name -> (what differs from the committed repository, edit applied to every config.pbtxt)
+VARIANTS: dict[str, tuple[str, Callable[[ModelConfig], None]]] = {
+    "default": ("as committed: dynamic batching, 100 us queue delay, 1 instance each", _unchanged),
+    "batching-off": ("no dynamic_batching on any model", _no_batching),
+    **{
+        f"delay-{us}": (
+            f"max_queue_delay_microseconds: {us} on every batching model",
+            _queue_delay(us),
+        )
+        for us in QUEUE_DELAYS_US
+        if us != 100
+    },
+    "python-x2": ("instance_group count 2 for postprocess and classify", _instances(2)),
+}
+
+
+def write_variant(source: Path, target: Path, variant: str) -> Path:
+    """Copy the repository `source` to `target` with `variant`'s edit applied; return `target`."""
+    if variant not in VARIANTS:
+        raise UserError(f"unknown repository variant {variant!r}; known: {sorted(VARIANTS)}")
+    _, edit = VARIANTS[variant]
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for model in iter_models(target):
+        edit(model.config)
+        (model.directory / "config.pbtxt").write_text(text_format.MessageToString(model.config))
+    return target
