@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import REPOSITORY
-from tests.test_serve import start_serve, wait_for_line
+from tests.test_serve import segments_of, shm_prefix, start_serve, wait_for_line
 from tritonstack.client import infer
 from tritonstack.errors import UserError
 from tritonstack.runtime import ADMIN_HEADER
@@ -201,3 +201,67 @@ def test_admin_key_is_generated_private_and_not_in_the_repository(tmp_path, monk
     monkeypatch.setenv("TRITONSTACK_ADMIN_KEY", "from-the-environment")
     assert load_admin_key() == "from-the-environment"
     assert not list(REPOSITORY.parent.glob("**/admin-key"))
+
+
+class KeepAliveClient(threading.Thread):
+    """One persistent connection sending 8-row requests, recording (sent, answered, outcome)."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url = url
+        self.halt = threading.Event()
+        self.records: list[tuple[float, float, str]] = []
+
+    def run(self) -> None:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.url, network_timeout=10)
+        while not self.halt.is_set():
+            tensor = httpclient.InferInput("features", [8, 128], "FP32")
+            tensor.set_data_from_numpy(np.ones((8, 128), np.float32))
+            sent = time.monotonic()
+            try:
+                client.infer("pipeline", [tensor])
+                outcome = "ok"
+            except Exception as exc:
+                outcome = type(exc).__name__
+                time.sleep(0.05)
+                client.close()
+                client = httpclient.InferenceServerClient(self.url, network_timeout=10)
+            self.records.append((sent, time.monotonic(), outcome))
+        client.close()
+
+
+def test_sigterm_under_load_completes_accepted_requests():
+    """Requests in flight when SIGTERM arrives complete with 200; Triton keeps answering on
+    open keep-alive connections while it drains, refuses new connections, and exits within
+    its exit timeout (10 s) plus the time to unload; no stub or shared memory is left."""
+    process, ports = start_serve(REPOSITORY, "--no-supervise")
+    wait_for_line(process, "Ctrl-C stops the server")
+    children = psutil.Process(process.pid).children(recursive=True)
+    prefix = shm_prefix(children)
+    clients = [KeepAliveClient(f"127.0.0.1:{ports[0]}") for _ in range(6)]
+    for client in clients:
+        client.start()
+    time.sleep(2)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    exited = time.monotonic()
+    for client in clients:
+        client.halt.set()
+        client.join(15)
+
+    records = [record for client in clients for record in client.records]
+    in_flight = [outcome for sent, done, outcome in records if sent < signalled < done]
+    refused = [o for sent, _, o in records if sent > exited and o == "ConnectionRefusedError"]
+    print(
+        f"\nSIGTERM: {len(in_flight)} in flight, all {set(in_flight)}; exit after "
+        f"{exited - signalled:.1f} s; {len(refused)} new connections refused after exit"
+    )
+    assert in_flight and set(in_flight) == {"ok"}
+    assert process.returncode == 0, output
+    assert exited - signalled < 10 + 15
+    assert refused, "new connections must be refused once the server is gone"
+    assert all(not psutil.pid_exists(c.pid) or c.status() == psutil.STATUS_ZOMBIE for c in children)
+    assert not segments_of(prefix)

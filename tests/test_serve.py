@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import re
 import shutil
 import signal
 import subprocess
@@ -43,8 +43,18 @@ def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120) ->
     raise AssertionError(f"{text!r} not printed; got {lines}")
 
 
-def shm_segments() -> set[str]:
-    return {p.name for p in SHM.glob("tritonstack_*")}
+def shm_prefix(children: list[psutil.Process]) -> str:
+    """This server's shared-memory prefix, read from a stub's command line (its region name),
+    so that servers started by other processes at the same time are not mistaken for ours."""
+    for child in children:
+        if child.name() == "triton_python_backend_stub":
+            region = child.cmdline()[2]
+            return region[: len("tritonstack_") + 13]
+    raise AssertionError("no Python stub among the server's processes")
+
+
+def segments_of(prefix: str) -> set[str]:
+    return {p.name for p in SHM.glob(f"{prefix}*")}
 
 
 def gone(pid: int) -> bool:
@@ -66,7 +76,6 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_stops_triton_and_every_stub(signum):
-    segments_before = shm_segments()
     process, ports = start_serve()
     lines = wait_for_line(process, "Ctrl-C stops the server")
     assert f"  HTTP     http://127.0.0.1:{ports[0]}" in lines
@@ -76,8 +85,8 @@ def test_signal_stops_triton_and_every_stub(signum):
     names = [child.name() for child in children]
     assert "tritonserver" in names
     assert names.count("triton_python_backend_stub") >= 3  # classifier, postprocess, classify
-    ours = shm_segments() - segments_before
-    assert ours, "the Python backend's shared memory regions carry our prefix"
+    prefix = shm_prefix(children)
+    assert segments_of(prefix), "the Python backend's shared memory regions carry our prefix"
 
     process.send_signal(signum)
     output, _ = process.communicate(timeout=60)
@@ -85,7 +94,7 @@ def test_signal_stops_triton_and_every_stub(signum):
     assert process.returncode == 0, output
     assert "stopped (tritonserver exit code 0)" in output
     assert wait_gone([child.pid for child in children], timeout=5) == []
-    assert not ours & shm_segments(), "shared memory left in /dev/shm"
+    assert not segments_of(prefix), "shared memory left in /dev/shm"
 
 
 def test_killed_cli_does_not_orphan_triton():
@@ -110,12 +119,12 @@ def test_model_that_fails_to_load_is_reported_and_cleaned_up(tmp_path):
     repository = tmp_path / "model_repository"
     shutil.copytree(REPOSITORY, repository, ignore=shutil.ignore_patterns("__pycache__"))
     (repository / "postprocess" / "labels.txt").write_text("only one label\n")
-    segments_before = shm_segments()
     process, _ = start_serve(repository, "--log-file", str(tmp_path / "triton.log"))
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 1
     assert "Traceback" not in output.split("errors in")[0]
     assert "tritonserver exited with code" in output
     assert "labels file has 1 labels but input `class` has 2 scores" in output
-    assert not shm_segments() - segments_before
-    assert os.path.exists(tmp_path / "triton.log")
+    log = (tmp_path / "triton.log").read_text()
+    prefix = re.search(r'"shm-region-prefix-name":"(tritonstack_[0-9a-f]+_)"', log).group(1)
+    assert not segments_of(prefix)
