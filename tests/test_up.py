@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -82,6 +84,8 @@ def test_up_serves_triton_prometheus_and_locust_and_sigint_stops_all():
         assert f"  Locust web UI   http://127.0.0.1:{ports['locust']}" in lines
         assert get(f"http://127.0.0.1:{ports['http']}/v2/health/ready")[0] == 200
         assert get(f"http://127.0.0.1:{ports['prometheus']}/-/ready")[0] == 200
+        rules = get(f"http://127.0.0.1:{ports['prometheus']}/api/v1/rules")[1]
+        assert json.loads(rules)["data"]["groups"], "the project's rules are loaded"
         status, page = get(f"http://127.0.0.1:{ports['locust']}/")
         assert status == 200 and b"locust" in page.lower()
         # Start a small load from the web UI, as a user would press "Start".
@@ -154,6 +158,11 @@ def test_up_without_prometheus_serves_the_rest_and_stops_when_a_child_dies(tmp_p
     assert process.returncode == 1, output
     assert "tritonstack up: error: locust exited unexpectedly" in output, output
     assert "Traceback" not in output
+    # After a failure the logs outlive the temporary directory, and the output says where.
+    (kept,) = [line.removeprefix("logs kept in ") for line in output.splitlines()
+               if line.startswith("logs kept in ")]  # fmt: skip
+    assert sorted(p.name for p in Path(kept).iterdir()) == ["locust.log", "triton.log"]
+    shutil.rmtree(kept)
     assert wait_gone([child.pid for child in children], timeout=10) == []
     assert not list(SHM.glob(f"{shm_prefix}*")), "shared memory left in /dev/shm"
 

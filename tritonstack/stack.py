@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
     _check_ports(ports)
 
     stop = threading.Event()
-    starting = True
+    starting, failed = True, False
 
     def request_stop(signum, _frame):
         if stop.is_set():
@@ -354,6 +354,9 @@ def run(args: argparse.Namespace) -> int:
                     )
     except _Interrupted:
         pass  # stop requested before everything was ready: clean up below, exit 0
+    except BaseException:
+        failed = True
+        raise
     finally:
         starting = False
         try:
@@ -361,6 +364,19 @@ def run(args: argparse.Namespace) -> int:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            shutil.rmtree(run_dir, ignore_errors=True)
+            _clean_run_dir(run_dir, keep_logs=failed and args.log_dir is None)
     print("stopped", flush=True)
     return 0
+
+
+def _clean_run_dir(run_dir: Path, keep_logs: bool) -> None:
+    """Remove the rendered config and the TSDB; after a failure keep the logs and say where."""
+    if not keep_logs or not any(run_dir.glob("*.log")):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for path in run_dir.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.suffix != ".log":
+            path.unlink(missing_ok=True)
+    print(f"logs kept in {run_dir}", file=sys.stderr, flush=True)
