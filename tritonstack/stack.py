@@ -209,14 +209,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="model repository directory (default: this checkout's model_repository/)",
     )
     ports = parser.add_argument_group("ports (all on 127.0.0.1)")
-    ports.add_argument("--http-port", type=int, default=8000, help="Triton HTTP")
-    ports.add_argument("--grpc-port", type=int, default=8001, help="Triton gRPC")
-    ports.add_argument("--metrics-port", type=int, default=8002, help="Triton metrics")
-    ports.add_argument("--prometheus-port", type=int, default=9090)
-    ports.add_argument("--locust-port", type=int, default=8089, help="Locust web UI")
-    ports.add_argument(
-        "--locust-metrics-port", type=int, default=9646, help="Locust's client-metrics exporter"
-    )
+    for option, default, what in (
+        ("--http-port", 8000, "Triton HTTP"),
+        ("--grpc-port", 8001, "Triton gRPC"),
+        ("--metrics-port", 8002, "Triton metrics"),
+        ("--prometheus-port", 9090, "Prometheus"),
+        ("--locust-port", 8089, "Locust web UI"),
+        ("--locust-metrics-port", 9646, "Locust's client metrics (scraped by Prometheus)"),
+    ):
+        ports.add_argument(option, type=int, default=default, help=f"{what} (default: {default})")
     parser.add_argument(
         "--prometheus-bin", default=None, help="Prometheus binary (default: `prometheus` on PATH)"
     )
@@ -226,9 +227,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="keep Prometheus' TSDB here (default: a temporary directory removed on exit)",
     )
-    parser.add_argument("--locustfile", type=Path, default=LOCUSTFILE)
     parser.add_argument(
-        "--locust-config", type=Path, default=LOCUST_CONF, help="Locust's configuration file"
+        "--locustfile", type=Path, default=LOCUSTFILE, help="default: loadtest/locustfile.py"
+    )
+    parser.add_argument(
+        "--locust-config", type=Path, default=LOCUST_CONF, help="default: loadtest/locust.conf"
     )
     parser.add_argument("--no-locust", action="store_true", help="do not start Locust")
     parser.add_argument(
