@@ -203,3 +203,25 @@ def test_sigterm_while_starting_stops_cleanly(tmp_path):
     assert not list(SHM.glob(f"{shm_prefix}*")), "shared memory left in /dev/shm"
     flag = f"--http-port={ports['http']}"
     assert not [p for p in psutil.process_iter(["cmdline"]) if flag in (p.info["cmdline"] or ())]
+
+
+def test_killed_up_orphans_nothing():
+    """`up` killed -9 cannot clean up: PR_SET_PDEATHSIG makes every child stop by itself."""
+    require_tool("prometheus")
+    process, _ = start_up()
+    try:
+        wait_for_line(process, READY_LINE, timeout=240)
+        children, shm_prefix = our_children(process)
+        assert {"tritonserver", "prometheus"} <= {child.name() for child in children}
+        locust_process(children)
+        (prometheus,) = [child for child in children if child.name() == "prometheus"]
+        (config,) = [a for a in prometheus.cmdline() if a.startswith("--config.file=")]
+        run_dir = Path(config.removeprefix("--config.file=")).parent
+    except BaseException:
+        process.kill()
+        raise
+    process.kill()
+    process.wait()
+    assert wait_gone([child.pid for child in children], timeout=30) == []
+    assert not list(SHM.glob(f"{shm_prefix}*")), "Triton removes its segments on SIGTERM"
+    shutil.rmtree(run_dir)  # the only leftover: `up` had no chance to remove its temp dir
