@@ -1,0 +1,296 @@
+"""tritonstack bench: the pure parts (statistics, saturation, targets, variants, plan, report)
+unit-tested; `tritonstack bench --quick` run end to end against real servers (smoke)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPOSITORY, require_tool
+from tritonstack.benchmarks import report
+from tritonstack.benchmarks.loadgen import binary_body, features, json_body
+from tritonstack.benchmarks.scenarios import (
+    FAMILIES,
+    FULL,
+    QUICK,
+    SERVER_ORDER,
+    estimate_seconds,
+    family_points,
+    plan,
+)
+from tritonstack.benchmarks.stats import (
+    Rep,
+    Spread,
+    average_batch,
+    ratio_target,
+    saturation_notes,
+    spread,
+    summarize,
+)
+from tritonstack.benchmarks.variants import VARIANTS, write_variant
+from tritonstack.cli import main
+from tritonstack.errors import UserError
+from tritonstack.repository import iter_models
+
+
+def rep(requests=1000, seconds=1.0, mean=2.0, p99=5.0, server=1.5, generator=0.1, errors=0):
+    return Rep(requests, errors, seconds, mean, 1.0, 3.0, p99, server, generator)
+
+
+# -- statistics ------------------------------------------------------------------------------
+
+
+def test_summary_is_median_with_min_max_spread():
+    summary = summarize([rep(1000, p99=5), rep(3000, p99=9), rep(2000, p99=7)])
+    assert summary.rps == Spread(2000, 1000, 3000)
+    assert summary.p99_ms == Spread(7, 5, 9)
+    assert summary.reps == 3
+    assert summarize([rep(1000)], rows_per_request=4).inferences_per_s == 4000
+    assert spread([2.0]).text() == "2"
+    assert spread([1.0, 3.0, 2.0]).text() == "2 (1-3)"
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_average_batch_from_counter_deltas():
+    before = {"inferences": 100, "executions": 50}
+    assert average_batch(before, {"inferences": 1100, "executions": 300}) == 4.0
+    assert average_batch(before, before) is None
+
+
+def test_saturation_notes():
+    # 16 clients, 8000 req/s x 2 ms mean = 16 in flight; generator 0.1 of 2 cores: clean.
+    assert saturation_notes(summarize([rep(8000, mean=2.0)]), cores=2, concurrency=16) == []
+    busy = saturation_notes(summarize([rep(8000, mean=2.0, generator=1.2)]), 2, 16)
+    assert len(busy) == 1 and "60% of the machine" in busy[0]
+    lagging = saturation_notes(summarize([rep(1000, mean=2.0)]), 2, 16)  # 2 of 16 in flight
+    assert len(lagging) == 1 and "could not keep the target concurrency" in lagging[0]
+    failed = saturation_notes(summarize([rep(8000, mean=2.0, errors=3)]), 2, 16)
+    assert failed == ["3 failed requests"]
+
+
+def test_ratio_targets():
+    assert ratio_target("t", 300, 100, 3.0).passed is True
+    missed = ratio_target("t", 250, 100, 3.0)
+    assert missed.passed is False and "2.50x" in missed.detail
+    assert ratio_target("t", None, 100, 3.0).passed is None
+
+
+# -- request bodies --------------------------------------------------------------------------
+
+
+def test_request_bodies_carry_one_row_of_128_floats():
+    data = features()
+    body = json.loads(json_body(data))
+    assert body["inputs"][0]["shape"] == [1, 128] and len(body["inputs"][0]["data"]) == 128
+    binary, header_length = binary_body(data)
+    header = json.loads(binary[:header_length])
+    assert header["inputs"][0]["parameters"]["binary_data_size"] == 512
+    assert len(binary) == header_length + 512
+
+
+# -- repository variants ---------------------------------------------------------------------
+
+
+def configs(repository: Path) -> dict:
+    return {m.name: m.config for m in iter_models(repository)}
+
+
+def test_variants_change_one_thing(tmp_path):
+    committed = configs(REPOSITORY)
+    written = {v: configs(write_variant(REPOSITORY, tmp_path / v, v)) for v in VARIANTS}
+
+    assert written["default"] == committed
+    assert not any(c.HasField("dynamic_batching") for c in written["batching-off"].values())
+    for us in (0, 500, 2000):
+        variant = written[f"delay-{us}"]
+        for name, config in variant.items():
+            if committed[name].HasField("dynamic_batching"):
+                assert config.dynamic_batching.max_queue_delay_microseconds == us
+                # the rest of the batcher (queue policy) is kept
+                config.dynamic_batching.max_queue_delay_microseconds = committed[
+                    name
+                ].dynamic_batching.max_queue_delay_microseconds
+            assert config == committed[name]
+    for name, config in written["python-x2"].items():
+        if name in ("postprocess", "classify"):
+            assert [g.count for g in config.instance_group] == [2]
+        else:
+            assert config == committed[name]
+
+
+def test_unknown_variant_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="unknown repository variant"):
+        write_variant(REPOSITORY, tmp_path / "x", "nope")
+
+
+# -- plan ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings", [QUICK, FULL], ids=["quick", "full"])
+def test_plan_covers_every_family_once_per_point(settings):
+    the_plan = plan(FAMILIES, settings)
+    servers = [server for server, _ in the_plan]
+    assert servers == [s for s in SERVER_ORDER if s in servers] and len(servers) == 9
+    measured = [p for _, points in the_plan for p in points]
+    assert len(measured) == len(set(measured))
+    for family in FAMILIES:
+        if family != "memory":
+            assert family_points(family, settings), family
+            assert set(family_points(family, settings)) <= set(measured)
+    assert all(p.server == server for server, points in the_plan for p in points)
+
+
+def test_run_lengths():
+    quick = sum(estimate_seconds(s, p, QUICK) for s, p in plan(FAMILIES, QUICK))
+    full = sum(estimate_seconds(s, p, FULL) for s, p in plan(FAMILIES, FULL))
+    assert quick < 180, quick
+    assert full < 20 * 60, full
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def fake_results(settings=QUICK, rps=None, load=0.1) -> dict:
+    """Results as `tritonstack bench` writes them, for every planned point."""
+    rps = rps or {}
+    points = []
+    for server, planned in plan(FAMILIES, settings):
+        for p in planned:
+            value = rps.get((server, p.model, p.concurrency), 1000.0)
+            summary = summarize([rep(value, mean=p.concurrency * 1000 / value)])
+            summary.avg_batch = 3.0
+            counters = {
+                "classifier": {
+                    "inferences": 300.0,
+                    "executions": 100.0,
+                    "requests": 300.0,
+                    "queue_us": 3000.0,
+                    "compute_us": 9000.0,
+                    "request_us": 15000.0,
+                }
+            }
+            points.append(
+                {**asdict(p), "key": p.key, "summary": asdict(summary), "counters": counters}
+            )
+    meta = {
+        "mode": settings.label,
+        "quick": settings.quick,
+        "families": list(FAMILIES),
+        "started": "2026-01-01T00:00:00+00:00",
+        "duration_s": 125,
+        "command": "tritonstack bench --quick",
+        "cpu": "test CPU",
+        "cores": 2,
+        "memory_gib": 8.0,
+        "python": "3.11",
+        "load_before": [load, 0, 0],
+        "load_after": [0.5, 0, 0],
+        "versions": {"tritonserver": "2.51.0"},
+        "settings": asdict(settings),
+        "wrk": "wrk 4.1.0",
+    }
+    memory = {
+        "requests": 5000,
+        "errors": 0,
+        "target_requests": 5000,
+        "rss_warm_bytes": 200 * 2**20,
+        "rss_after_bytes": 204 * 2**20,
+        "growth": 0.02,
+        "processes": 4,
+    }
+    return {"meta": meta, "points": points, "memory": memory}
+
+
+def test_report_has_every_family_targets_and_quick_banner():
+    text = report.render_markdown(fake_results())
+    assert "QUICK MODE: smoke numbers, not results" in text
+    for family, title in FAMILIES.items():
+        if family != "memory":
+            assert f"## {title[0].upper()}{title[1:]}" in text, family
+    assert "## Memory" in text and "+2.0%" in text and "within the 10% target" in text
+    assert "not run" not in text
+    assert "benchmarks/throughput.png" in text and "benchmarks/latency.png" in text
+    assert "docker compose --profile bench" in text and "perf-analyzer:" in text
+    assert "Warning: the machine was busy" not in text
+    assert "busy" in report.render_markdown(fake_results(load=3.0))
+
+
+def test_targets_met_and_missed():
+    t = "triton:default"
+    good = {
+        (t, "pipeline", 16): 6000.0,
+        (t, "classifier", 16): 7000.0,
+        (t, "classify", 16): 6000.0,
+        ("fastapi", "classifier", 16): 1500.0,
+        (t, "classifier", 32): 9000.0,
+        ("triton:batching-off", "classifier", 32): 4000.0,
+    }
+    verdicts = [target.passed for target in report.targets(fake_results(rps=good))]
+    assert verdicts == [True, True, True, True]
+    bad = {**good, (t, "classify", 16): 2000.0, ("fastapi", "classifier", 16): 2500.0}
+    verdicts = [target.passed for target in report.targets(fake_results(rps=bad))]
+    assert verdicts == [False, True, False, True]
+
+
+def test_write_produces_markdown_json_and_pngs(tmp_path):
+    written = report.write(fake_results(FULL), tmp_path)
+    assert (tmp_path / "benchmarks.md").is_file()
+    for name in report.PLOTS:
+        png = tmp_path / "benchmarks" / f"{name}.png"
+        assert png in written and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "benchmarks" / "results.json").read_text())["meta"]["cores"] == 2
+    assert "QUICK" not in (tmp_path / "benchmarks.md").read_text()
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def test_quick_run_may_not_overwrite_the_committed_docs(capsys):
+    assert main(["bench", "--quick", "--out", str(REPOSITORY.parent / "docs")]) == 1
+    assert "must not replace docs/benchmarks.md" in capsys.readouterr().err
+
+
+def test_unknown_scenario_family(capsys):
+    assert main(["bench", "--quick", "--scenarios", "models,nope", "--out", "/tmp/x"]) == 1
+    assert "unknown scenario family ['nope']" in capsys.readouterr().err
+
+
+# -- the real thing (smoke) ------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_quick_bench_end_to_end(tmp_path, capsys):
+    """Every scenario family against real servers; the numbers are smoke, their shape is not."""
+    require_tool("wrk")
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    progress = capsys.readouterr().out
+    assert re.search(r"\[\s*1/\d+ 0:00 elapsed, ETA \d+:\d\d\] start triton:default", progress)
+
+    text = (tmp_path / "benchmarks.md").read_text()
+    for family, title in FAMILIES.items():
+        if family != "memory":
+            assert f"## {title[0].upper()}{title[1:]}" in text, family
+    assert "## Memory" in text and "not run" not in text
+    for name in report.PLOTS:
+        assert (tmp_path / "benchmarks" / f"{name}.png").stat().st_size > 10_000
+
+    results = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
+    measured = {p["key"]: p["summary"] for p in results["points"]}
+    planned = [p for _, points in plan(FAMILIES, QUICK) for p in points]
+    assert sorted(measured) == sorted(p.key for p in planned)
+    for key, summary in measured.items():
+        assert summary["rps"]["median"] > 0, key
+        assert 0 < summary["p50_ms"] <= summary["p99_ms"]["median"], key
+        assert summary["server_cores"] > 0 and summary["generator_cores"] > 0, key
+        assert summary["errors"] == 0, key
+    # average batch from Triton's counters (and MLServer's histogram) on every batching server
+    assert all(s["avg_batch"] and s["avg_batch"] >= 1 for k, s in measured.items()), measured
+    memory = results["memory"]
+    assert memory["requests"] >= QUICK.memory_requests and memory["rss_warm_bytes"] > 0
+    assert [t.passed is not None for t in report.targets(results)] == [True] * 4
