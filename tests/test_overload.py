@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,6 +82,22 @@ def spike(server, model: str):
     return accepted, rejected, before, after
 
 
+class QueueDepth(threading.Thread):
+    """Polls a model's nv_inference_pending_request_count gauge while a spike runs."""
+
+    def __init__(self, server, model: str):
+        super().__init__(daemon=True)
+        self.server, self.model = server, model
+        self.halt = threading.Event()
+        self.deepest = 0.0
+
+    def run(self) -> None:
+        while not self.halt.wait(0.05):
+            samples = scrape(self.server.metrics_url)
+            pending = model_value(samples, "nv_inference_pending_request_count", self.model)
+            self.deepest = max(self.deepest, pending)
+
+
 def delta(before, after, name, model, **labels) -> float:
     return model_value(after, name, model, **labels) - model_value(before, name, model, **labels)
 
@@ -106,8 +123,14 @@ def test_queue_full_rejections_are_not_counted_by_triton_2_51(small_queue_server
     (REJECTED stays 0) when it targets the model directly. Alerts therefore watch the queue
     depth (nv_inference_pending_request_count) and the clients' failures, see
     docs/operations.md."""
+    depth = QueueDepth(small_queue_server, "classifier")
+    depth.start()
     accepted, rejected, before, after = spike(small_queue_server, "classifier")
+    depth.halt.set()
+    depth.join()
     assert len(rejected) > 0 and len(accepted) > 0
+    # What TritonQueueAtLimit watches instead: the pending count reached the queue limit.
+    assert depth.deepest >= 2
     for reason in ("REJECTED", "OTHER", "BACKEND", "CANCELED"):
         assert (
             delta(before, after, "nv_inference_request_failure", "classifier", reason=reason) == 0
