@@ -294,3 +294,17 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
     memory = results["memory"]
     assert memory["requests"] >= QUICK.memory_requests and memory["rss_warm_bytes"] > 0
     assert [t.passed is not None for t in report.targets(results)] == [True] * 4
+
+
+def test_committed_docs_are_a_full_run_or_the_pending_page():
+    """docs/benchmarks.md never holds quick (smoke) numbers, and its method text is current."""
+    docs = REPOSITORY.parent / "docs"
+    text = (docs / "benchmarks.md").read_text()
+    if "No full run recorded yet" in text:
+        assert text == report.render_pending(), "regenerate with report.render_pending()"
+        return
+    assert "QUICK MODE" not in text
+    assert "Measured by `tritonstack bench` on" in text
+    assert "\n".join(report.method_sections()) in text
+    for name in report.PLOTS:
+        assert (docs / "benchmarks" / f"{name}.png").is_file()
