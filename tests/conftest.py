@@ -4,29 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tritonstack.runtime import EmbeddedTriton
+from tritonstack.runtime import EmbeddedTriton, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
 IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out; closed again so the server can bind them."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def require_tool(name: str) -> str:

@@ -36,6 +36,7 @@ PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
         "side-by-side benchmarks: Triton variants, protocols, baselines",
     ),
     "top": ("tritonstack.top", "live per-model view of Triton's metrics in the terminal"),
+    "soak": ("tritonstack.soak", "steady load for N minutes: RSS, /dev/shm and latency drift"),
     "up": ("tritonstack.stack", "Triton, Prometheus and the Locust web UI on loopback, no Docker"),
 }
 
