@@ -239,8 +239,9 @@ def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
 
 def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
     published = {
-        name: [p.split(":")[0] for p in service.get("ports", [])]
+        name: [p.get("host_ip", "*") if isinstance(p, dict) else p.split(":")[0] for p in ports]
         for name, service in gpu["services"].items()
+        for ports in [service.get("ports", [])]
     }
     assert published == {
         "triton": ["127.0.0.1", "127.0.0.1"],
@@ -259,7 +260,10 @@ def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
 
 def listens_on(service: dict) -> set[int]:
     """Container ports a service declares (published or exposed)."""
-    ports = {int(p.split(":")[-1].split("/")[0]) for p in service.get("ports", [])}
+    ports = {
+        int(p["target"]) if isinstance(p, dict) else int(p.split(":")[-1].split("/")[0])
+        for p in service.get("ports", [])
+    }
     return ports | {int(str(p).split("/")[0]) for p in service.get("expose", [])}
 
 
