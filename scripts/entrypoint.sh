@@ -33,6 +33,12 @@ EXIT_TIMEOUT=${TRITON_EXIT_TIMEOUT_SECS:-20}
 HTTP_PORT=${TRITON_HTTP_PORT:-8000}
 GRPC_PORT=${TRITON_GRPC_PORT:-8001}
 METRICS_PORT=${TRITON_METRICS_PORT:-8002}
+ADMIN_KEY_FILE=${TRITONSTACK_ADMIN_KEY_FILE:-$CACHE/admin-key}
+RESTRICTED_APIS="model-repository,shared-memory,statistics,trace,logging"
+WATCHDOG=${TRITONSTACK_WATCHDOG:-on}
+WATCHDOG_INTERVAL=${TRITONSTACK_WATCHDOG_INTERVAL:-5}
+WATCHDOG_FAILURES=${TRITONSTACK_WATCHDOG_FAILURES:-3}
+WATCHDOG_PROBE=${TRITONSTACK_WATCHDOG_PROBE:-python3 $HOME_DIR/healthcheck.py --url 127.0.0.1:$HTTP_PORT --model pipeline --model classify}
 
 # Everything goes to stderr: tensorrt_plan's stdout is the plan path its caller captures.
 log() { printf '[entrypoint] %s\n' "$*" >&2; }
@@ -265,5 +271,52 @@ if [[ $DEVICE == gpu ]]; then
 else
   args+=(--allow-gpu-metrics=false)
 fi
-log "exec tritonserver ${args[*]} $*"
+
+# --- admin APIs behind a secret header (docs/security.md) ----------------------------------------
+# TRITONSTACK_ADMIN_KEY, else the key file in the cache volume, generated on first start (0600).
+admin_key() {
+  if [[ -n ${TRITONSTACK_ADMIN_KEY:-} ]]; then
+    printf '%s\n' "$TRITONSTACK_ADMIN_KEY"
+    return
+  fi
+  if [[ ! -s $ADMIN_KEY_FILE ]]; then
+    mkdir -p "$(dirname "$ADMIN_KEY_FILE")"
+    (umask 077 && head -c 32 /dev/urandom | base64 | tr -d '/+=\n' >"$ADMIN_KEY_FILE")
+    log "generated the admin key in $ADMIN_KEY_FILE"
+  fi
+  cat "$ADMIN_KEY_FILE"
+}
+key=$(admin_key)
+args+=(
+  --http-restricted-api="$RESTRICTED_APIS:tritonstack-admin-key=$key"
+  --grpc-restricted-protocol="$RESTRICTED_APIS:tritonstack-admin-key=$key"
+)
+
+# --- watchdog: a dead Python stub leaves Triton "ready"; a real inference notices ----------------
+# Armed by the first successful probe (models have loaded), it sends SIGTERM to tritonserver after
+# WATCHDOG_FAILURES failed probes in a row: the container exits and compose's restart policy
+# starts a new one (Docker does not restart a container that is merely unhealthy).
+watchdog() {
+  local server=$1 failures=0 armed=0
+  while sleep "$WATCHDOG_INTERVAL"; do
+    if bash -c "$WATCHDOG_PROBE" >/dev/null 2>&1; then
+      ((armed)) || log "watchdog: deep probe passed; watching every ${WATCHDOG_INTERVAL}s"
+      armed=1 failures=0
+    elif ((armed)); then
+      failures=$((failures + 1))
+      log "watchdog: deep probe failed ($failures/$WATCHDOG_FAILURES)"
+      if ((failures >= WATCHDOG_FAILURES)); then
+        log "watchdog: stopping tritonserver so the restart policy starts a fresh container"
+        kill -TERM "$server"
+        return 0
+      fi
+    fi
+  done
+}
+if [[ $WATCHDOG == on ]]; then
+  # After `exec`, tritonserver keeps this shell's PID ($$), which the watchdog signals.
+  watchdog $$ &
+fi
+
+log "exec tritonserver ${args[*]//tritonstack-admin-key=*/tritonstack-admin-key=<secret>} $*"
 exec tritonserver "${args[@]}" "$@"

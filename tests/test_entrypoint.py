@@ -28,6 +28,7 @@ REPOSITORY = ROOT / "model_repository"
 FLAGS = ROOT / "scripts" / "tritonserver.flags"
 ONNX = REPOSITORY / "classifier" / "1" / "model.onnx"
 A10G = "NVIDIA A10G, 8.6"
+ADMIN_KEY = "test-admin-key"
 SHAPES = [
     "--minShapes=features:1x128",
     "--optShapes=features:16x128",
@@ -76,6 +77,8 @@ def run_entrypoint(
         "TRITONSTACK_VIEW": str(tmp_path / "view"),
         "FAKE_LOG": str(log),
         "FAKE_ARGV": str(argv),
+        "TRITONSTACK_ADMIN_KEY": ADMIN_KEY,
+        "TRITONSTACK_WATCHDOG": "off",
         **({"FAKE_GPUS": gpus} if gpus is not None else {}),
         **(env or {}),
     }
@@ -120,6 +123,15 @@ def expected_argv(view: Path, gpu: bool) -> list[str]:
         "--grpc-port=8001",
         "--metrics-port=8002",
         *(device if gpu else ["--allow-gpu-metrics=false"]),
+        *restricted(ADMIN_KEY),
+    ]
+
+
+def restricted(key: str) -> list[str]:
+    apis = "model-repository,shared-memory,statistics,trace,logging"
+    return [
+        f"--http-restricted-api={apis}:tritonstack-admin-key={key}",
+        f"--grpc-restricted-protocol={apis}:tritonstack-admin-key={key}",
     ]
 
 
@@ -370,3 +382,57 @@ def test_model_config_name_falls_back_to_config_pbtxt(tmp_path: Path) -> None:
         finally:
             client.close()
     assert delays == {"postprocess": 250, "classifier": 100}
+
+
+def test_admin_key_is_generated_once_private_and_never_logged(tmp_path: Path) -> None:
+    env = {"TRITONSTACK_ADMIN_KEY": ""}
+    first = run_entrypoint(tmp_path, env=env)
+    key_file = tmp_path / "cache" / "admin-key"
+    key = key_file.read_text().strip()
+    assert first.returncode == 0, first.output
+    assert len(key) >= 32
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert first.argv[-2:] == restricted(key)
+    assert key not in first.output and "tritonstack-admin-key=<secret>" in first.output
+    second = run_entrypoint(tmp_path, env=env)
+    assert second.argv[-2:] == restricted(key)  # stable across restarts of the container
+
+
+def watchdog_run(tmp_path: Path, probe_script: str) -> Run:
+    probe = tmp_path / "probe.sh"
+    probe.write_text(probe_script)
+    probe.chmod(0o755)
+    env = {
+        "TRITONSTACK_WATCHDOG": "on",
+        "TRITONSTACK_WATCHDOG_INTERVAL": "0.2",
+        "TRITONSTACK_WATCHDOG_FAILURES": "3",
+        "TRITONSTACK_WATCHDOG_PROBE": f"{probe} {tmp_path / 'probes'}",
+        "FAKE_TRITONSERVER_WAIT": "1",
+    }
+    return run_entrypoint(tmp_path, env=env)
+
+
+def test_watchdog_stops_tritonserver_after_failed_deep_probes(tmp_path: Path) -> None:
+    """Healthy for two probes, then the deep probe fails (a dead stub): after three failures in
+    a row the watchdog SIGTERMs tritonserver, so the container exits and is restarted."""
+    run = watchdog_run(tmp_path, '#!/usr/bin/env bash\necho x >>"$1"\n[ "$(wc -l <"$1")" -le 2 ]\n')
+    assert run.returncode == 0, run.output
+    assert run.calls[-1] == "tritonserver got SIGTERM"
+    assert "watchdog: deep probe failed (3/3)" in run.output
+    assert "watchdog: stopping tritonserver" in run.output
+
+
+def test_watchdog_waits_for_the_first_good_probe(tmp_path: Path) -> None:
+    """While models load the probe fails; that must not count: failures only count once armed."""
+    run = watchdog_run(
+        tmp_path,
+        '#!/usr/bin/env bash\necho x >>"$1"\nn=$(wc -l <"$1")\n[ "$n" -ge 6 ] && [ "$n" -le 8 ]\n',
+    )
+    assert run.returncode == 0, run.output
+    failures = [line for line in run.output.splitlines() if "deep probe failed" in line]
+    assert failures == [
+        "[entrypoint] watchdog: deep probe failed (1/3)",
+        "[entrypoint] watchdog: deep probe failed (2/3)",
+        "[entrypoint] watchdog: deep probe failed (3/3)",
+    ]
+    assert len((tmp_path / "probes").read_text().splitlines()) == 11  # 5 loading + 3 good + 3

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import REPOSITORY, free_ports
 from tritonstack.metrics import model_value, scrape
+from tritonstack.repository import parse_config
 from tritonstack.runtime import EmbeddedTriton
 
 pytestmark = pytest.mark.integration
@@ -136,3 +137,19 @@ def test_queue_full_rejections_are_not_counted_by_triton_2_51(small_queue_server
             delta(before, after, "nv_inference_request_failure", "classifier", reason=reason) == 0
         )
     assert delta(before, after, "nv_inference_request_success", "classifier") == len(accepted)
+
+
+def test_every_batched_configuration_has_a_queue_limit():
+    """CPU and GPU configurations alike: no batched model may queue without bound."""
+    configs = [
+        path
+        for path in sorted(REPOSITORY.glob("*/config.pbtxt"))
+        + sorted(REPOSITORY.glob("*/configs/*.pbtxt"))
+        if parse_config(path).HasField("dynamic_batching")
+    ]
+    assert len(configs) >= 5  # classifier (+ gpu), classifier_trt, postprocess, classify
+    for path in configs:
+        policy = parse_config(path).dynamic_batching.default_queue_policy
+        assert policy.max_queue_size > 0, path
+        assert policy.timeout_action == policy.REJECT, path
+        assert not policy.allow_timeout_override, path
