@@ -463,3 +463,16 @@ def test_healthcheck_fails_on_a_broken_model_or_server(triton) -> None:
     (closed,) = free_ports(1)
     down = healthcheck("--url", f"127.0.0.1:{closed}", "--timeout", "2")
     assert down.returncode == 1 and "unhealthy: pipeline: no answer from" in down.stderr
+
+
+def test_model_repository_is_read_only_for_the_server(gpu: dict) -> None:
+    """docs/security.md: the server user cannot change what it serves. The repository is copied
+    as root before `USER triton-server` (no --chown), and the development mount is :ro."""
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    copy = re.search(r"^COPY .*model_repository.*$", dockerfile, re.MULTILINE).group(0)
+    assert "--chown" not in copy
+    assert dockerfile.index(copy) < dockerfile.index("USER triton-server")
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "./model_repository:/opt/tritonstack/model_repository:ro" in compose
+    mounts = [str(v) for v in gpu["services"]["triton"].get("volumes", [])]
+    assert all("model_repository" not in m or m.endswith(":ro") for m in mounts)
