@@ -8,6 +8,7 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPOSITORY, require_tool
@@ -26,6 +27,8 @@ from tritonstack.benchmarks.stats import (
     Rep,
     Spread,
     average_batch,
+    correct_coordinated_omission,
+    queue_stall_note,
     ratio_target,
     saturation_notes,
     spread,
@@ -71,6 +74,23 @@ def test_saturation_notes():
     assert len(lagging) == 1 and "could not keep the target concurrency" in lagging[0]
     failed = saturation_notes(summarize([rep(8000, mean=2.0, errors=3)]), 2, 16)
     assert failed == ["3 failed requests"]
+
+
+def test_coordinated_omission_correction_matches_wrk():
+    # wrk's stats_correct: for L >= 2e add L-e, L-2e, ... while above e
+    corrected = correct_coordinated_omission(np.array([1000.0, 500000.0, 3000.0]), 100000)
+    assert sorted(corrected) == [1000, 3000, 200000, 300000, 400000, 500000]
+    assert sorted(correct_coordinated_omission(np.array([5.0, 10.0]), 2)) == [3, 4, 5, 6, 8, 10]
+    fast = np.array([1.0, 2.0, 3.0])
+    assert correct_coordinated_omission(fast, 2).tolist() == fast.tolist()
+
+
+def test_queue_stall_note():
+    quiet = {"classifier": {"requests": 100, "queue_us": 20000, "compute_us": 30000}}
+    assert queue_stall_note(quiet) == ""
+    stalled = {"classifier": {"requests": 100, "queue_us": 4_000_000, "compute_us": 30000}}
+    assert "waited 40.0 ms on average in `classifier`'s queue" in queue_stall_note(stalled)
+    assert queue_stall_note({}) == ""
 
 
 def test_ratio_targets():
@@ -270,7 +290,9 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
     require_tool("wrk")
     assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
     progress = capsys.readouterr().out
-    assert re.search(r"\[\s*1/\d+ 0:00 elapsed, ETA \d+:\d\d\] start triton:default", progress)
+    assert re.search(
+        r"\[\s*1/\d+ 0:\d\d elapsed, ETA \d+:\d\d\] started triton:default in", progress
+    )
 
     text = (tmp_path / "benchmarks.md").read_text()
     for family, title in FAMILIES.items():

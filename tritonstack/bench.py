@@ -89,11 +89,12 @@ class Progress:
         self.start = time.monotonic()
 
     def step(self, text: str) -> None:
+        """Report a finished step; the ETA scales the plan by the pace so far."""
+        self.done += 1
         elapsed = time.monotonic() - self.start
         planned_done = sum(self.estimates[: self.done])
         pace = elapsed / planned_done if planned_done > 0 else 1.0
         remaining = sum(self.estimates[self.done :]) * pace
-        self.done += 1
         print(
             f"[{self.done:>3}/{len(self.estimates)} {_clock(elapsed)} elapsed, "
             f"ETA {_clock(remaining)}] {text}",
@@ -183,8 +184,9 @@ class Bench:
         return servers.start_triton(repository, log, server_key)
 
     def _run_server(self, server_key: str, points, venv: Path | None) -> None:
-        self.progress.step(f"start {server_key}")
+        started = time.monotonic()
         server = self._start(server_key, venv)
+        self.progress.step(f"started {server_key} in {time.monotonic() - started:.1f} s")
         try:
             if server_key == "memory":
                 self._memory(server)
@@ -198,7 +200,12 @@ class Bench:
     def _measure(self, server, point) -> None:
         from tritonstack.benchmarks.loadgen import Target
         from tritonstack.benchmarks.servers import cpu_delta
-        from tritonstack.benchmarks.stats import Rep, saturation_notes, summarize
+        from tritonstack.benchmarks.stats import (
+            Rep,
+            queue_stall_note,
+            saturation_notes,
+            summarize,
+        )
 
         s = self.settings
         target = Target(point.protocol, server.url(point.protocol, point.model), point.model)
@@ -230,6 +237,9 @@ class Bench:
         summary = summarize(reps)
         summary.avg_batch = self._avg_batch(server, point, counters)
         summary.notes = saturation_notes(summary, os.cpu_count() or 1, point.concurrency)
+        stall = queue_stall_note(counters)
+        if stall and server.name.startswith("triton"):
+            summary.notes.append(stall)
         self.points[point.key] = {
             **asdict(point),
             "key": point.key,

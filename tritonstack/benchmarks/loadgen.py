@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonstack.benchmarks.stats import correct_coordinated_omission
 from tritonstack.errors import UserError
 
 PROTOCOLS = ("http-json", "http-binary", "grpc")
@@ -238,11 +239,16 @@ class Generator:
         shutil.rmtree(outdir, ignore_errors=True)
         if latencies.size == 0:
             raise UserError(f"no gRPC request to {target.url} succeeded")
+        requests = int(latencies.size)
+        seconds = max(r["seconds"] for r in reports)
+        # wrk's percentiles are corrected for coordinated omission; the same correction here
+        # makes the protocols' percentiles mean the same thing.
+        latencies = correct_coordinated_omission(latencies, seconds * 1e6 * concurrency / requests)
         p50, p95, p99 = np.percentile(latencies, [50, 95, 99]) / 1000
         return Result(
-            requests=int(latencies.size),
+            requests=requests,
             errors=sum(r["errors"] for r in reports),
-            seconds=max(r["seconds"] for r in reports),
+            seconds=seconds,
             mean_ms=float(latencies.mean() / 1000),
             p50_ms=float(p50),
             p95_ms=float(p95),

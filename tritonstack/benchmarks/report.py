@@ -345,6 +345,16 @@ def method_sections() -> list[str]:
         "grpc.aio channels; they cost far more CPU per request than wrk, so gRPC rows compare "
         "load generators as much as protocols: read the generator CPU column. perf_analyzer "
         "(the right tool) is not installable without the SDK image; see the GPU section.",
+        "- Latency percentiles are wrk's, which corrects for coordinated omission: for a "
+        "request that took L, longer than twice a connection's mean interval e, it adds the "
+        "samples L-e, L-2e, ... that requests sent at the steady rate would have seen. One stall "
+        "therefore moves p95 and p99 far more than its own count would; the same correction is "
+        "applied to the gRPC samples.",
+        "- Stalls: when requests waited on average more than 5 ms in `classifier`'s queue "
+        "(Triton's `nv_inference_queue_duration_us`; the configured delay is at most 2 ms), the "
+        "point is flagged. Triton's dynamic batcher thread idles up to 500 ms between wake-ups "
+        "(`default_wait_microseconds` in its dynamic_batch_scheduler.cc); runs on a busy "
+        "2-core machine showed ~500 ms stalls with batching on and none with it off.",
         "- Average batch size: deltas of Triton's `nv_inference_count` / "
         "`nv_inference_exec_count` for `classifier` over the repetitions.",
         "- Server CPU: user + system time of the server's process tree (tritonserver and its "

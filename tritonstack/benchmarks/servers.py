@@ -118,6 +118,11 @@ def start_triton(repository: Path, log_path: Path, name: str) -> Server:
 
 def baseline_venv(cache_dir: Path | None = None, progress=print) -> Path:
     """The baselines' virtualenv, (re)created when bench/requirements-baselines.txt changes."""
+    if sys.version_info >= (3, 13):
+        raise UserError(
+            "the MLServer baseline (1.7.1) supports Python 3.9-3.12; run the bench from a "
+            "3.10-3.12 virtualenv, or leave the baselines out: --scenarios without `baselines`"
+        )
     digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]
     venv = Path(cache_dir or default_cache_dir()) / f"bench-venv-{digest}"
     python = venv / "bin" / "python"

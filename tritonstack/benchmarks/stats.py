@@ -6,6 +6,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 #: The machine has this many cores; CPU figures are in cores (1.0 = one core busy).
 #: A load generator using more than this share of the machine competes with the server.
 GENERATOR_SATURATION_SHARE = 0.45
@@ -110,6 +112,44 @@ def saturation_notes(summary: Summary, cores: int, concurrency: int) -> list[str
     if summary.errors:
         notes.append(f"{summary.errors} failed requests")
     return notes
+
+
+def correct_coordinated_omission(latencies_us: np.ndarray, expected_us: float) -> np.ndarray:
+    """Add the samples wrk 4.x adds before computing percentiles (its `stats_correct`).
+
+    For every latency L of at least twice the expected interval e between a connection's
+    requests, the samples L-e, L-2e, ... down to just above e are added: the latencies requests
+    sent at the steady rate would have seen while that one was stalled. Applied to the gRPC
+    workers' samples so both protocols' percentiles mean the same thing.
+    """
+    latencies = np.asarray(latencies_us, dtype=np.float64)
+    if expected_us <= 0 or latencies.size == 0:
+        return latencies
+    expected = float(int(expected_us))
+    long = latencies[latencies >= 2 * expected]
+    if long.size == 0:
+        return latencies
+    # synthetic samples per long latency L: L - j*e for j = 1.. while L - j*e > e
+    counts = (np.ceil((long - expected) / expected) - 1).astype(np.int64)
+    starts = np.repeat(long, counts)
+    steps = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + 1
+    return np.concatenate([latencies, starts - steps * expected])
+
+
+def queue_stall_note(counters: dict, model: str = "classifier", limit_us: float = 5000) -> str:
+    """A note when requests waited far longer in a model's queue than any configured delay."""
+    c = counters.get(model) or {}
+    if not c.get("requests"):
+        return ""
+    queue = c["queue_us"] / c["requests"]
+    compute = c["compute_us"] / c["requests"]
+    if queue <= limit_us:
+        return ""
+    return (
+        f"requests waited {queue / 1000:.1f} ms on average in `{model}`'s queue (compute "
+        f"{compute / 1000:.2f} ms, configured delay at most 2 ms): the dynamic batcher stalled "
+        "(Triton's batcher thread idles up to 500 ms between wake-ups)"
+    )
 
 
 def average_batch(before: dict[str, float], after: dict[str, float]) -> float | None:
