@@ -87,10 +87,13 @@ def test_coordinated_omission_correction_matches_wrk():
 
 def test_queue_stall_note():
     quiet = {"classifier": {"requests": 100, "queue_us": 20000, "compute_us": 30000}}
-    assert queue_stall_note(quiet) == ""
+    assert queue_stall_note(quiet, server_cores=0.1, cores=2) == ""
     stalled = {"classifier": {"requests": 100, "queue_us": 4_000_000, "compute_us": 30000}}
-    assert "waited 40.0 ms on average in `classifier`'s queue" in queue_stall_note(stalled)
-    assert queue_stall_note({}) == ""
+    note = queue_stall_note(stalled, server_cores=0.1, cores=2)
+    assert "waited 40.0 ms on average in `classifier`'s queue" in note
+    # the same wait with the CPU busy is queueing, not a stall
+    assert queue_stall_note(stalled, server_cores=1.5, cores=2) == ""
+    assert queue_stall_note({}, server_cores=0.1, cores=2) == ""
 
 
 def test_ratio_targets():
@@ -136,11 +139,15 @@ def test_variants_change_one_thing(tmp_path):
                     name
                 ].dynamic_batching.max_queue_delay_microseconds
             assert config == committed[name]
-    for name, config in written["python-x2"].items():
-        if name in ("postprocess", "classify"):
-            assert [g.count for g in config.instance_group] == [2]
-        else:
-            assert config == committed[name]
+    for variant, models in (
+        ("python-x2", ("postprocess", "classify")),
+        ("classifier-x2", ("classifier",)),
+    ):
+        for name, config in written[variant].items():
+            if name in models:
+                assert [g.count for g in config.instance_group] == [2]
+            else:
+                assert config == committed[name]
 
 
 def test_unknown_variant_is_a_user_error(tmp_path):
@@ -155,7 +162,7 @@ def test_unknown_variant_is_a_user_error(tmp_path):
 def test_plan_covers_every_family_once_per_point(settings):
     the_plan = plan(FAMILIES, settings)
     servers = [server for server, _ in the_plan]
-    assert servers == [s for s in SERVER_ORDER if s in servers] and len(servers) == 9
+    assert servers == [s for s in SERVER_ORDER if s in servers] and len(servers) == 10
     measured = [p for _, points in the_plan for p in points]
     assert len(measured) == len(set(measured))
     for family in FAMILIES:
@@ -236,6 +243,7 @@ def test_report_has_every_family_targets_and_quick_banner():
     assert "not run" not in text
     assert "benchmarks/throughput.png" in text and "benchmarks/latency.png" in text
     assert "docker compose --profile bench" in text and "perf-analyzer:" in text
+    assert "With a second `classifier` instance" in text
     assert "Warning: the machine was busy" not in text
     assert "busy" in report.render_markdown(fake_results(load=3.0))
 

@@ -237,7 +237,7 @@ class Bench:
         summary = summarize(reps)
         summary.avg_batch = self._avg_batch(server, point, counters)
         summary.notes = saturation_notes(summary, os.cpu_count() or 1, point.concurrency)
-        stall = queue_stall_note(counters)
+        stall = queue_stall_note(counters, summary.server_cores, os.cpu_count() or 1)
         if stall and server.name.startswith("triton"):
             summary.notes.append(stall)
         self.points[point.key] = {

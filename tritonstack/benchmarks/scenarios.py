@@ -15,7 +15,7 @@ FAMILIES = {
     "models": "classifier direct vs pipeline (ensemble) vs classify (BLS)",
     "batching": "dynamic batching off vs on",
     "delay": "queue delay sweep (max_queue_delay_microseconds)",
-    "instances": "instance count 1 vs 2 for the Python models",
+    "instances": "instance count 1 vs 2 (the Python models; the classifier)",
     "protocols": "HTTP/JSON vs HTTP binary tensors vs gRPC",
     "concurrency": "concurrency sweep",
     "baselines": "FastAPI + onnxruntime, MLServer (adaptive batching) vs Triton",
@@ -30,6 +30,7 @@ SERVER_ORDER = (
     "triton:delay-500",
     "triton:delay-2000",
     "triton:python-x2",
+    "triton:classifier-x2",
     "fastapi",
     "mlserver",
     "memory",
@@ -116,11 +117,17 @@ def family_points(family: str, s: Settings) -> list[Point]:
         ]
     if family == "instances":
         cases = [16] if s.quick else [16, 32]
-        return [
+        python = [
             Point(server, model, JSON, c)
             for c in cases
             for model in ("pipeline", "classify")
             for server in (TRITON, "triton:python-x2")
+        ]
+        x2 = "triton:classifier-x2"
+        classifier = [("classifier", 32)] if s.quick else [("classifier", 16), ("classifier", 32)]
+        classifier += [] if s.quick else [("pipeline", 16), ("classify", 16)]
+        return python + [
+            Point(server, model, JSON, c) for model, c in classifier for server in (TRITON, x2)
         ]
     if family == "protocols":
         models = ("pipeline",) if s.quick else ("classifier", "pipeline")

@@ -136,19 +136,29 @@ def correct_coordinated_omission(latencies_us: np.ndarray, expected_us: float) -
     return np.concatenate([latencies, starts - steps * expected])
 
 
-def queue_stall_note(counters: dict, model: str = "classifier", limit_us: float = 5000) -> str:
-    """A note when requests waited far longer in a model's queue than any configured delay."""
+def queue_stall_note(
+    counters: dict,
+    server_cores: float,
+    cores: int,
+    model: str = "classifier",
+    limit_us: float = 5000,
+) -> str:
+    """A note when requests waited long in a model's queue while the server was mostly idle.
+
+    Waiting while the CPU is busy is ordinary queueing; waiting far longer than any configured
+    delay while the server uses under 40% of the machine is a scheduling stall.
+    """
     c = counters.get(model) or {}
     if not c.get("requests"):
         return ""
     queue = c["queue_us"] / c["requests"]
     compute = c["compute_us"] / c["requests"]
-    if queue <= limit_us:
+    if queue <= limit_us or server_cores >= 0.4 * cores:
         return ""
     return (
         f"requests waited {queue / 1000:.1f} ms on average in `{model}`'s queue (compute "
-        f"{compute / 1000:.2f} ms, configured delay at most 2 ms): the dynamic batcher stalled "
-        "(Triton's batcher thread idles up to 500 ms between wake-ups)"
+        f"{compute / 1000:.2f} ms, configured delay at most 2 ms) while the server used "
+        f"{server_cores:.2f} cores: the dynamic batcher stalled (see Method: Stalls)"
     )
 
 
