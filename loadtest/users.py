@@ -256,6 +256,18 @@ class HttpBinaryUser(TritonUser, FastHttpUser):
                 response.success()
 
 
+class GeventSafeGrpcClient(grpcclient.InferenceServerClient):
+    """tritonclient's gRPC client, closed only by its user's on_stop.
+
+    tritonclient closes the channel again in `__del__`. Under gevent that second close can run
+    inside a garbage collection while gRPC holds the lock it needs, and the Locust process then
+    hangs on exit (seen with workers quitting: `gevent_decrement_channel_count` from `__del__`).
+    """
+
+    def __del__(self) -> None:
+        pass
+
+
 class GrpcUser(TritonUser):
     """gRPC through tritonclient.grpc, one client (one channel) per user.
 
@@ -269,11 +281,13 @@ class GrpcUser(TritonUser):
 
     def on_start(self) -> None:
         self.target = grpc_target(self.environment.parsed_options)
-        self.grpc = grpcclient.InferenceServerClient(url=self.target)
+        self.grpc = GeventSafeGrpcClient(url=self.target)
         super().on_start()
 
     def on_stop(self) -> None:
-        self.grpc.close()
+        client, self.grpc = getattr(self, "grpc", None), None
+        if client is not None:
+            client.close()
 
     def payload(self, features: np.ndarray) -> grpcclient.InferInput:
         tensor = grpcclient.InferInput("features", list(features.shape), "FP32")
