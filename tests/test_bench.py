@@ -317,7 +317,8 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
     for key, summary in measured.items():
         assert summary["rps"]["median"] > 0, key
         assert 0 < summary["p50_ms"] <= summary["p99_ms"]["median"], key
-        assert summary["server_cores"] > 0 and summary["generator_cores"] > 0, key
+        # CPU accounting may round a near-idle second to 0 for the generator, never for a server
+        assert summary["server_cores"] > 0 and summary["generator_cores"] >= 0, key
         assert summary["errors"] == 0, key
     # average batch from Triton's counters (and MLServer's histogram) on every batching server
     assert all(s["avg_batch"] and s["avg_batch"] >= 1 for k, s in measured.items()), measured
@@ -338,3 +339,19 @@ def test_committed_docs_are_a_full_run_or_the_pending_page():
     assert "\n".join(report.method_sections()) in text
     for name in report.PLOTS:
         assert (docs / "benchmarks" / f"{name}.png").is_file()
+
+
+def test_compose_bench_profile_text_is_a_valid_service():
+    """The service the compose file's owner integrates: valid YAML, pinned SDK image, our script."""
+    import yaml
+
+    service = yaml.safe_load(report.COMPOSE_BENCH)["perf-analyzer"]
+    assert service["profiles"] == ["bench"]
+    assert re.fullmatch(r"nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-py3-sdk", service["image"])
+    assert service["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert service["command"] == ["bash", "/bench/perf_analyzer.sh"]
+    assert (REPOSITORY.parent / "bench" / "perf_analyzer.sh").is_file()
+    # the same release as the server image the stack builds
+    dockerfile = (REPOSITORY.parent / "Dockerfile.triton").read_text()
+    release = re.search(r"tritonserver:(\d\d\.\d\d)-py3", dockerfile).group(1)
+    assert service["image"].endswith(f":{release}-py3-sdk")

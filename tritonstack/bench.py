@@ -93,7 +93,8 @@ class Progress:
         self.done += 1
         elapsed = time.monotonic() - self.start
         planned_done = sum(self.estimates[: self.done])
-        pace = elapsed / planned_done if planned_done > 0 else 1.0
+        # the plan's own estimate until enough has run to judge the pace
+        pace = elapsed / planned_done if planned_done >= 20 else 1.0
         remaining = sum(self.estimates[self.done :]) * pace
         print(
             f"[{self.done:>3}/{len(self.estimates)} {_clock(elapsed)} elapsed, "

@@ -42,6 +42,7 @@ COMPOSE_BENCH = """\
     volumes:
       - ./bench:/bench:ro
       - ./results:/results
+      - triton-cache:/var/cache/tritonstack:ro  # the admin key for the statistics API
     command: ["bash", "/bench/perf_analyzer.sh"]
 """
 
