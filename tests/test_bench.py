@@ -142,6 +142,7 @@ def test_variants_change_one_thing(tmp_path):
     for variant, models in (
         ("python-x2", ("postprocess", "classify")),
         ("classifier-x2", ("classifier",)),
+        ("all-x2", ("classifier", "postprocess", "classify")),
     ):
         for name, config in written[variant].items():
             if name in models:
@@ -162,7 +163,7 @@ def test_unknown_variant_is_a_user_error(tmp_path):
 def test_plan_covers_every_family_once_per_point(settings):
     the_plan = plan(FAMILIES, settings)
     servers = [server for server, _ in the_plan]
-    assert servers == [s for s in SERVER_ORDER if s in servers] and len(servers) == 10
+    assert servers == [s for s in SERVER_ORDER if s in servers] and len(servers) == 11
     measured = [p for _, points in the_plan for p in points]
     assert len(measured) == len(set(measured))
     for family in FAMILIES:
@@ -244,6 +245,7 @@ def test_report_has_every_family_targets_and_quick_banner():
     assert "benchmarks/throughput.png" in text and "benchmarks/latency.png" in text
     assert "docker compose --profile bench" in text and "perf-analyzer:" in text
     assert "With a second `classifier` instance" in text
+    assert "With two instances of every model" in text
     assert "Warning: the machine was busy" not in text
     assert "busy" in report.render_markdown(fake_results(load=3.0))
 

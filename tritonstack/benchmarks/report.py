@@ -24,6 +24,7 @@ SERVER_NAMES = {
     "triton:delay-2000": "Triton, delay 2000 us",
     "triton:python-x2": "Triton, 2 Python instances",
     "triton:classifier-x2": "Triton, 2 classifier instances",
+    "triton:all-x2": "Triton, 2 instances of every model",
     "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
     "mlserver": "MLServer 1.7.1, adaptive batching",
 }
@@ -150,31 +151,36 @@ def targets(results: dict) -> list[Target]:
     ]
 
 
-def second_instance(results: dict) -> str:
-    """The targets' numbers again with two `classifier` instances (variant classifier-x2)."""
-    x2, json_ = "triton:classifier-x2", "http-json"
-    parts = []
-    comparisons = [
-        ("classifier", 32, TRITON, "classifier", 32, "the committed config"),
-        ("classifier", 32, "triton:batching-off", "classifier", 32, "batching off (1 instance)"),
-        ("pipeline", 16, "fastapi", "classifier", 16, "FastAPI"),
-        ("pipeline", 16, x2, "classifier", 16, "its direct classifier"),
-        ("classify", 16, x2, "classifier", 16, "its direct classifier"),
-    ]
-    for model, c, ref_server, ref_model, ref_c, ref_name in comparisons:
-        point = _get(results, x2, model, json_, c)
-        reference = _get(results, ref_server, ref_model, json_, ref_c)
-        if point and reference and _rps(reference):
-            parts.append(
-                f"`{model}` at {c} clients {_rps(point):,.0f} req/s, p99 {_p99(point):.1f} ms "
-                f"= {_rps(point) / _rps(reference):.2f}x {ref_name}"
+def second_instance(results: dict) -> list[str]:
+    """The targets' numbers again with second instances (variants classifier-x2, all-x2)."""
+    json_ = "http-json"
+    found = []
+    for variant, what in (
+        ("triton:classifier-x2", "a second `classifier` instance"),
+        ("triton:all-x2", "two instances of every model"),
+    ):
+        comparisons = [
+            ("classifier", 32, TRITON, "classifier", 32, "the committed config"),
+            ("classifier", 32, "triton:batching-off", "classifier", 32, "batching off"),
+            ("pipeline", 16, "fastapi", "classifier", 16, "FastAPI"),
+            ("pipeline", 16, variant, "classifier", 16, "its direct classifier"),
+            ("classify", 16, variant, "classifier", 16, "its direct classifier"),
+        ]
+        parts = []
+        for model, c, ref_server, ref_model, ref_c, ref_name in comparisons:
+            point = _get(results, variant, model, json_, c)
+            reference = _get(results, ref_server, ref_model, json_, ref_c)
+            if point and reference and _rps(reference):
+                parts.append(
+                    f"`{model}` at {c} clients {_rps(point):,.0f} req/s, p99 "
+                    f"{_p99(point):.1f} ms = {_rps(point) / _rps(reference):.2f}x {ref_name}"
+                )
+        if parts:
+            found.append(
+                f"With {what} (variant `{variant.split(':')[1]}`, everything else as "
+                "committed): " + "; ".join(parts) + "."
             )
-    if not parts:
-        return ""
-    return (
-        "With a second `classifier` instance (variant `classifier-x2`, everything else as "
-        "committed): " + "; ".join(parts) + "."
-    )
+    return found
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -306,8 +312,7 @@ def render_markdown(results: dict) -> str:
     ]
     out += [f"| {t.name} | {t.verdict} | {t.detail} |" for t in targets(results)]
     out.append("")
-    finding = second_instance(results)
-    if finding:
+    for finding in second_instance(results):
         out += [finding, ""]
     if "concurrency" in meta["families"] or "baselines" in meta["families"]:
         out += ["## Plots", ""]

@@ -15,7 +15,7 @@ FAMILIES = {
     "models": "classifier direct vs pipeline (ensemble) vs classify (BLS)",
     "batching": "dynamic batching off vs on",
     "delay": "queue delay sweep (max_queue_delay_microseconds)",
-    "instances": "instance count 1 vs 2 (the Python models; the classifier)",
+    "instances": "instance count 1 vs 2 (the Python models, the classifier, all three)",
     "protocols": "HTTP/JSON vs HTTP binary tensors vs gRPC",
     "concurrency": "concurrency sweep",
     "baselines": "FastAPI + onnxruntime, MLServer (adaptive batching) vs Triton",
@@ -31,6 +31,7 @@ SERVER_ORDER = (
     "triton:delay-2000",
     "triton:python-x2",
     "triton:classifier-x2",
+    "triton:all-x2",
     "fastapi",
     "mlserver",
     "memory",
@@ -75,7 +76,7 @@ FULL = Settings(
     seconds=5,
     reps=3,
     memory_requests=100_000,
-    concurrencies=(1, 4, 8, 16, 32, 64),
+    concurrencies=(1, 4, 16, 32, 64),
     baseline_concurrencies=(1, 4, 16, 32, 64),
     sweep_models=("classifier", "pipeline", "classify"),
     memory_chunk_s=10,
@@ -126,9 +127,13 @@ def family_points(family: str, s: Settings) -> list[Point]:
         x2 = "triton:classifier-x2"
         classifier = [("classifier", 32)] if s.quick else [("classifier", 16), ("classifier", 32)]
         classifier += [] if s.quick else [("pipeline", 16), ("classify", 16)]
-        return python + [
-            Point(server, model, JSON, c) for model, c in classifier for server in (TRITON, x2)
-        ]
+        both = [("classifier", 32), ("pipeline", 16), ("classify", 16)]
+        both += [] if s.quick else [("classifier", 16)]
+        return (
+            python
+            + [Point(server, m, JSON, c) for m, c in classifier for server in (TRITON, x2)]
+            + [Point("triton:all-x2", m, JSON, c) for m, c in both]
+        )
     if family == "protocols":
         models = ("pipeline",) if s.quick else ("classifier", "pipeline")
         return [

@@ -65,6 +65,10 @@ VARIANTS: dict[str, tuple[str, Callable[[ModelConfig], None]]] = {
     # Triton 2.51's dynamic batcher can miss the wake-up when its only instance frees up and then
     # sleeps its 500 ms idle wait; a second instance is the design change measured against it.
     "classifier-x2": ("instance_group count 2 for classifier", _instances(2, ("classifier",))),
+    "all-x2": (
+        "instance_group count 2 for classifier, postprocess and classify",
+        _instances(2, ("classifier", *PYTHON_MODELS)),
+    ),
 }
 
 
