@@ -110,6 +110,9 @@ def test_request_bodies_carry_one_row_of_128_floats():
     data = features()
     body = json.loads(json_body(data))
     assert body["inputs"][0]["shape"] == [1, 128] and len(body["inputs"][0]["data"]) == 128
+    assert "outputs" not in body
+    classification = json.loads(json_body(data, classification=True))
+    assert classification["outputs"] == [{"name": "class", "parameters": {"classification": 1}}]
     binary, header_length = binary_body(data)
     header = json.loads(binary[:header_length])
     assert header["inputs"][0]["parameters"]["binary_data_size"] == 512
@@ -151,6 +154,17 @@ def test_variants_change_one_thing(tmp_path):
                 assert config == committed[name]
 
 
+def test_classification_variant_labels_the_classifier_output(tmp_path):
+    committed = configs(REPOSITORY)
+    repository = write_variant(REPOSITORY, tmp_path / "c", "classification")
+    written = configs(repository)
+    assert written["classifier"].output[0].label_filename == "labels.txt"
+    labels = (repository / "classifier" / "labels.txt").read_text()
+    assert labels == (REPOSITORY / "postprocess" / "labels.txt").read_text()
+    written["classifier"].output[0].ClearField("label_filename")
+    assert written == committed
+
+
 def test_unknown_variant_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="unknown repository variant"):
         write_variant(REPOSITORY, tmp_path / "x", "nope")
@@ -163,7 +177,7 @@ def test_unknown_variant_is_a_user_error(tmp_path):
 def test_plan_covers_every_family_once_per_point(settings):
     the_plan = plan(FAMILIES, settings)
     servers = [server for server, _ in the_plan]
-    assert servers == [s for s in SERVER_ORDER if s in servers] and len(servers) == 11
+    assert servers == [s for s in SERVER_ORDER if s in servers] and len(servers) == 12
     measured = [p for _, points in the_plan for p in points]
     assert len(measured) == len(set(measured))
     for family in FAMILIES:
@@ -246,6 +260,7 @@ def test_report_has_every_family_targets_and_quick_banner():
     assert "docker compose --profile bench" in text and "perf-analyzer:" in text
     assert "With a second `classifier` instance" in text
     assert "With two instances of every model" in text
+    assert "Labels without Python" in text and "labels by Triton's classification" in text
     assert "Warning: the machine was busy" not in text
     assert "busy" in report.render_markdown(fake_results(load=3.0))
 

@@ -211,7 +211,7 @@ class Bench:
         s = self.settings
         target = Target(point.protocol, server.url(point.protocol, point.model), point.model)
         if point.protocol != "grpc":  # the gRPC workers check their first answer themselves
-            self._check_answer(target.url)
+            self._check_answer(target.url, point.protocol)
         self.generator.run(target, point.concurrency, s.warmup_s)
         counters_before = self._counters(server)
         tree = server.tree()
@@ -255,8 +255,8 @@ class Bench:
             + (f" [{'; '.join(summary.notes)}]" if summary.notes else "")
         )
 
-    def _check_answer(self, url: str) -> None:
-        body = (self.workdir / "load" / "body.json").read_bytes()
+    def _check_answer(self, url: str, protocol: str = "http-json") -> None:
+        body = self.generator.check_body(protocol)
         request = urllib.request.Request(
             url, data=body, headers={"Content-Type": "application/json"}
         )
@@ -268,6 +268,10 @@ class Bench:
         names = {o["name"] for o in outputs}
         if not names & {"class", "label"}:
             raise UserError(f"{url} answered without class/label outputs: {sorted(names)}")
+        if protocol == "http-classification":
+            top = outputs[0]["data"][0]  # "score:index:label"
+            if not (isinstance(top, str) and top.count(":") >= 2):
+                raise UserError(f"{url}: classification answer is not score:index:label: {top!r}")
 
     def _counters(self, server) -> dict:
         from tritonstack.metrics import model_value, scrape

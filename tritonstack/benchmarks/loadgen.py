@@ -24,7 +24,9 @@ import numpy as np
 from tritonstack.benchmarks.stats import correct_coordinated_omission
 from tritonstack.errors import UserError
 
-PROTOCOLS = ("http-json", "http-binary", "grpc")
+#: http-classification: KServe JSON asking Triton's classification extension for the top class
+#: of `class` ("score:index:label" strings, labels from the model's label_filename).
+PROTOCOLS = ("http-json", "http-binary", "grpc", "http-classification")
 ROWS = 1
 FEATURES = 128
 
@@ -50,14 +52,17 @@ def features(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((ROWS, FEATURES)).astype(np.float32)
 
 
-def json_body(data: np.ndarray) -> bytes:
+def json_body(data: np.ndarray, classification: bool = False) -> bytes:
     tensor = {
         "name": "features",
         "shape": list(data.shape),
         "datatype": "FP32",
         "data": [round(float(x), 6) for x in data.ravel()],
     }
-    return json.dumps({"inputs": [tensor]}).encode()
+    body: dict = {"inputs": [tensor]}
+    if classification:
+        body["outputs"] = [{"name": "class", "parameters": {"classification": 1}}]
+    return json.dumps(body).encode()
 
 
 def binary_body(data: np.ndarray) -> tuple[bytes, int]:
@@ -134,10 +139,14 @@ class Generator:
         self.grpc_processes = grpc_processes
         data = features()
         (self.workdir / "body.json").write_bytes(json_body(data))
+        (self.workdir / "body.classification.json").write_bytes(json_body(data, True))
         body, header_length = binary_body(data)
         (self.workdir / "body.bin").write_bytes(body)
         self.scripts = {
             "http-json": self._script("body.json", {"Content-Type": "application/json"}),
+            "http-classification": self._script(
+                "body.classification.json", {"Content-Type": "application/json"}
+            ),
             "http-binary": self._script(
                 "body.bin",
                 {
@@ -155,6 +164,11 @@ class Generator:
         text = WRK_SCRIPT % {"body": json.dumps(str(self.workdir / body)), "headers": lines}
         path.write_text(text)
         return path
+
+    def check_body(self, protocol: str) -> bytes:
+        """The JSON body a point's check request sends (binary bodies are checked as JSON)."""
+        name = "body.classification.json" if protocol == "http-classification" else "body.json"
+        return (self.workdir / name).read_bytes()
 
     def run(self, target: Target, concurrency: int, seconds: float) -> Result:
         if target.protocol == "grpc":

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 FAMILIES = {
-    "models": "classifier direct vs pipeline (ensemble) vs classify (BLS)",
+    "models": "classifier direct vs pipeline (ensemble) vs classify (BLS) vs labels by Triton",
     "batching": "dynamic batching off vs on",
     "delay": "queue delay sweep (max_queue_delay_microseconds)",
     "instances": "instance count 1 vs 2 (the Python models, the classifier, all three)",
@@ -25,6 +25,7 @@ FAMILIES = {
 #: Server keys: "triton:<repository variant>" or a baseline name, in the order they run.
 SERVER_ORDER = (
     "triton:default",
+    "triton:classification",
     "triton:batching-off",
     "triton:delay-0",
     "triton:delay-500",
@@ -100,7 +101,9 @@ JSON = "http-json"
 def family_points(family: str, s: Settings) -> list[Point]:
     """The points one family's table shows, in table order."""
     if family == "models":
-        return [Point(TRITON, m, JSON, 16) for m in ("classifier", "pipeline", "classify")]
+        return [Point(TRITON, m, JSON, 16) for m in ("classifier", "pipeline", "classify")] + [
+            Point("triton:classification", "classifier", "http-classification", 16)
+        ]
     if family == "batching":
         cases = [("classifier", 32)] if s.quick else [("classifier", 16), ("classifier", 32)]
         cases += [] if s.quick else [("pipeline", 32)]

@@ -19,6 +19,8 @@ from tritonstack.repository import ModelConfig, iter_models
 #: Models that run in a Python stub and that the instance-count variant multiplies.
 PYTHON_MODELS = ("postprocess", "classify")
 QUEUE_DELAYS_US = (0, 100, 500, 2000)
+#: The classification variant's labels: postprocess's file, copied next to classifier's config.
+CLASSIFICATION_LABELS = "labels.txt"
 
 
 def _no_batching(config: ModelConfig) -> None:
@@ -40,6 +42,11 @@ def _instances(count: int, models: tuple[str, ...]) -> Callable[[ModelConfig], N
                 group.count = count
 
     return edit
+
+
+def _classification(config: ModelConfig) -> None:
+    if config.name == "classifier":
+        config.output[0].label_filename = CLASSIFICATION_LABELS
 
 
 def _unchanged(config: ModelConfig) -> None:
@@ -65,6 +72,10 @@ VARIANTS: dict[str, tuple[str, Callable[[ModelConfig], None]]] = {
     # Triton 2.51's dynamic batcher can miss the wake-up when its only instance frees up and then
     # sleeps its 500 ms idle wait; a second instance is the design change measured against it.
     "classifier-x2": ("instance_group count 2 for classifier", _instances(2, ("classifier",))),
+    "classification": (
+        "label_filename on classifier's output: Triton's classification extension, no Python",
+        _classification,
+    ),
     "all-x2": (
         "instance_group count 2 for classifier, postprocess and classify",
         _instances(2, ("classifier", *PYTHON_MODELS)),
@@ -81,4 +92,8 @@ def write_variant(source: Path, target: Path, variant: str) -> Path:
     for model in iter_models(target):
         edit(model.config)
         (model.directory / "config.pbtxt").write_text(text_format.MessageToString(model.config))
+    if variant == "classification":
+        shutil.copy2(
+            target / "postprocess" / "labels.txt", target / "classifier" / CLASSIFICATION_LABELS
+        )
     return target
