@@ -94,6 +94,9 @@ def test_queue_stall_note():
     # the same wait with the CPU busy is queueing, not a stall
     assert queue_stall_note(stalled, server_cores=1.5, cores=2) == ""
     assert queue_stall_note({}, server_cores=0.1, cores=2) == ""
+    # the model whose requests waited longest is named
+    both = {**quiet, "classify": {"requests": 10, "queue_us": 1_000_000, "compute_us": 20000}}
+    assert "100.0 ms on average in `classify`'s queue" in queue_stall_note(both, 0.1, 2)
 
 
 def test_ratio_targets():

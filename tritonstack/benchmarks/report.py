@@ -160,22 +160,31 @@ def second_instance(results: dict) -> list[str]:
         ("triton:classifier-x2", "a second `classifier` instance"),
         ("triton:all-x2", "two instances of every model"),
     ):
-        comparisons = [
-            ("classifier", 32, TRITON, "classifier", 32, "the committed config"),
-            ("classifier", 32, "triton:batching-off", "classifier", 32, "batching off"),
-            ("pipeline", 16, "fastapi", "classifier", 16, "FastAPI"),
-            ("pipeline", 16, variant, "classifier", 16, "its direct classifier"),
-            ("classify", 16, variant, "classifier", 16, "its direct classifier"),
-        ]
+        comparisons = {
+            ("classifier", 32): [
+                (TRITON, "classifier", 32, "the committed config"),
+                ("triton:batching-off", "classifier", 32, "batching off"),
+            ],
+            ("pipeline", 16): [
+                ("fastapi", "classifier", 16, "FastAPI"),
+                (variant, "classifier", 16, "its direct classifier"),
+            ],
+            ("classify", 16): [(variant, "classifier", 16, "its direct classifier")],
+        }
         parts = []
-        for model, c, ref_server, ref_model, ref_c, ref_name in comparisons:
+        for (model, c), references in comparisons.items():
             point = _get(results, variant, model, json_, c)
-            reference = _get(results, ref_server, ref_model, json_, ref_c)
-            if point and reference and _rps(reference):
-                parts.append(
-                    f"`{model}` at {c} clients {_rps(point):,.0f} req/s, p99 "
-                    f"{_p99(point):.1f} ms = {_rps(point) / _rps(reference):.2f}x {ref_name}"
-                )
+            if not point:
+                continue
+            ratios = []
+            for ref_server, ref_model, ref_c, ref_name in references:
+                reference = _get(results, ref_server, ref_model, json_, ref_c)
+                if reference and _rps(reference):
+                    ratios.append(f"{_rps(point) / _rps(reference):.2f}x {ref_name}")
+            parts.append(
+                f"`{model}` at {c} clients {_rps(point):,.0f} req/s, p99 {_p99(point):.1f} ms"
+                + (f" ({', '.join(ratios)})" if ratios else "")
+            )
         if parts:
             found.append(
                 f"With {what} (variant `{variant.split(':')[1]}`, everything else as "
@@ -334,6 +343,27 @@ def render_markdown(results: dict) -> str:
     ]
     out += [f"| {t.name} | {t.verdict} | {t.detail} |" for t in targets(results)]
     out.append("")
+    flagged = [
+        f"`{p['model']}` on {SERVER_NAMES.get(p['server'], p['server'])} c={p['concurrency']}"
+        for p in (
+            _get(results, *key_)
+            for key_ in (
+                (TRITON, "pipeline", "http-json", 16),
+                (TRITON, "classify", "http-json", 16),
+                (TRITON, "classifier", "http-json", 16),
+                ("fastapi", "classifier", "http-json", 16),
+                (TRITON, "classifier", "http-json", 32),
+                ("triton:batching-off", "classifier", "http-json", 32),
+            )
+        )
+        if p and p["summary"]["notes"]
+    ]
+    if flagged:
+        out += [
+            "⚠ Verdicts above rest on flagged points (" + ", ".join(flagged) + "): read their "
+            "notes below before reading the verdict.",
+            "",
+        ]
     for finding in second_instance(results):
         out += [finding, ""]
     if "concurrency" in meta["families"] or "baselines" in meta["families"]:
@@ -414,15 +444,17 @@ def method_sections() -> list[str]:
         "therefore moves p95 and p99 far more than its own count would; the same correction is "
         "applied to the gRPC samples.",
         "- Stalls: a point is flagged when its requests waited on average more than 5 ms in "
-        "`classifier`'s queue (Triton's `nv_inference_queue_duration_us`; the configured delay "
+        "a model's queue (Triton's `nv_inference_queue_duration_us`; the configured delay "
         "is at most 2 ms) while the server used under 40% of the machine. Seen on Triton 2.51 "
         "here with dynamic batching and one `classifier` "
-        "instance, and never with batching off or two instances: the Python backend sends a "
+        "instance; with batching off in one run out of several, and far less often with two "
+        "instances (a stall then needs both busy at once). The Python backend sends a "
         "response before its `execute` returns, a fast client's next request is queued while "
         "the only instance still counts as busy, and Triton's verbose log then shows that "
         "request PENDING for 500 ms, the dynamic batcher's idle wait "
         "(`default_wait_microseconds` in dynamic_batch_scheduler.cc), i.e. the batcher is not "
-        "woken when the instance frees up. The `classifier-x2` variant measures the way out.",
+        "woken when the instance frees up. The `classifier-x2` and `all-x2` variants measure "
+        "how far a second instance gets.",
         "- Average batch size: deltas of Triton's `nv_inference_count` / "
         "`nv_inference_exec_count` for `classifier` over the repetitions.",
         "- Server CPU: user + system time of the server's process tree (tritonserver and its "

@@ -140,19 +140,22 @@ def queue_stall_note(
     counters: dict,
     server_cores: float,
     cores: int,
-    model: str = "classifier",
     limit_us: float = 5000,
 ) -> str:
     """A note when requests waited long in a model's queue while the server was mostly idle.
 
     Waiting while the CPU is busy is ordinary queueing; waiting far longer than any configured
-    delay while the server uses under 40% of the machine is a scheduling stall.
+    delay while the server uses under 40% of the machine is a scheduling stall. The model whose
+    requests waited longest is named.
     """
-    c = counters.get(model) or {}
-    if not c.get("requests"):
+    waits = {
+        model: (c["queue_us"] / c["requests"], c["compute_us"] / c["requests"])
+        for model, c in counters.items()
+        if c.get("requests") and "queue_us" in c
+    }
+    if not waits:
         return ""
-    queue = c["queue_us"] / c["requests"]
-    compute = c["compute_us"] / c["requests"]
+    model, (queue, compute) = max(waits.items(), key=lambda item: item[1][0])
     if queue <= limit_us or server_cores >= 0.4 * cores:
         return ""
     return (
