@@ -4,7 +4,9 @@
 `/v2/health/ready` stayed 200 while a Python backend stub was dead (Triton before r26.04), so
 this sends one row of features to each model (`pipeline` exercises classifier and postprocess,
 `classify` the BLS model and whichever classifier it routes to) and requires a label that is in
-labels.txt. Exit 0 when all answer; exit 1 with one line per failure otherwise.
+labels.txt. Each model is called --repeat times (default 4): the models run two instances, and
+with one instance's stub dead only every other request fails, so a single call can pass by luck.
+Exit 0 when all answer; exit 1 with one line per failure otherwise.
 
 Standard library only: it runs with the tritonserver image's python3 (Dockerfile.triton
 HEALTHCHECK, docker-compose.yml healthcheck) and is tested against the embedded runtime.
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--labels", type=Path, default=DEFAULT_LABELS, help="labels.txt")
     parser.add_argument("--timeout", type=float, default=4.0, help="seconds per request")
+    parser.add_argument("--repeat", type=int, default=4, help="requests per model (>= 1)")
     args = parser.parse_args(argv)
     models = args.models or ["pipeline"]
     labels = None
@@ -67,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     failures = []
     for model in models:
         try:
-            label = infer_label(args.url, model, args.timeout)
+            for _ in range(max(args.repeat, 1)):
+                label = infer_label(args.url, model, args.timeout)
         except RuntimeError as exc:
             failures.append(f"unhealthy: {model}: {exc}")
             continue

@@ -146,13 +146,13 @@ def test_variants_change_one_thing(tmp_path):
                 ].dynamic_batching.max_queue_delay_microseconds
             assert config == committed[name]
     for variant, models in (
-        ("python-x2", ("postprocess", "classify")),
-        ("classifier-x2", ("classifier",)),
-        ("all-x2", ("classifier", "postprocess", "classify")),
+        ("python-x1", ("postprocess", "classify")),
+        ("classifier-x1", ("classifier",)),
+        ("all-x1", ("classifier", "postprocess", "classify")),
     ):
         for name, config in written[variant].items():
             if name in models:
-                assert [g.count for g in config.instance_group] == [2]
+                assert [g.count for g in config.instance_group] == [1]
             else:
                 assert config == committed[name]
 
@@ -261,8 +261,8 @@ def test_report_has_every_family_targets_and_quick_banner():
     assert "not run" not in text
     assert "benchmarks/throughput.png" in text and "benchmarks/latency.png" in text
     assert "docker compose --profile bench" in text and "perf-analyzer:" in text
-    assert "With a second `classifier` instance" in text
-    assert "With two instances of every model" in text
+    assert "With a single `classifier` instance" in text
+    assert "With one instance of every model" in text
     assert "Labels without Python" in text and "labels by Triton's classification" in text
     assert "Warning: the machine was busy" not in text
     assert "busy" in report.render_markdown(fake_results(load=3.0))

@@ -58,7 +58,12 @@ def infer(
     module = client_module(protocol)
     features = np.ascontiguousarray(features, dtype=np.float32)
     try:
-        client = module.InferenceServerClient(url=url)
+        if protocol == "http":
+            client = module.InferenceServerClient(
+                url=url, connection_timeout=timeout, network_timeout=timeout
+            )
+        else:
+            client = module.InferenceServerClient(url=url)
     except Exception as exc:
         raise UserError(f"cannot create a {protocol} client for {url}: {exc}") from None
     try:

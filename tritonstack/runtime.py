@@ -284,9 +284,11 @@ class EmbeddedTriton:
         ]
         return f"; errors in {self.log_path}:\n" + "\n".join(errors[-10:] or lines[-15:])
 
-    def stop(self) -> int | None:
+    def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM (Triton drains in-flight requests), then make sure nothing is left behind.
 
+        `grace` caps the wait before SIGKILL (default: the exit timeout plus unloading time);
+        the supervisor passes a short one, since draining a broken server only delays recovery.
         Stubs run in tritonserver's process group; the group is killed after the server exits in
         case a stub outlived it, and this server's shared-memory regions are removed.
         """
@@ -295,7 +297,7 @@ class EmbeddedTriton:
             if self.process.poll() is None:
                 self.process.send_signal(signal.SIGTERM)
                 try:
-                    self.process.wait(self.exit_timeout_secs + 15)
+                    self.process.wait(self.exit_timeout_secs + 15 if grace is None else grace)
                 except subprocess.TimeoutExpired:
                     os.killpg(self.process.pid, signal.SIGKILL)
                     self.process.wait()

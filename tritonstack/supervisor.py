@@ -23,8 +23,14 @@ from tritonstack.runtime import EmbeddedTriton
 PROBE_MODEL = "pipeline"
 
 
-def deep_probe(http_url: str, timeout: float = 2.0, model: str = PROBE_MODEL) -> str | None:
-    """Run one real 1-row inference; None when it answered a valid label, else the reason."""
+def deep_probe(
+    http_url: str, timeout: float = 2.0, model: str = PROBE_MODEL, repeat: int = 4
+) -> str | None:
+    """Run `repeat` real 1-row inferences; None when all answered a label, else the reason.
+
+    Several requests, because the models run two instances each: with one instance's stub dead,
+    Triton hands requests to the instances in turn and only every other one fails.
+    """
     import tritonclient.http as httpclient
 
     try:
@@ -36,10 +42,13 @@ def deep_probe(http_url: str, timeout: float = 2.0, model: str = PROBE_MODEL) ->
     try:
         tensor = httpclient.InferInput("features", [1, 128], "FP32")
         tensor.set_data_from_numpy(np.zeros((1, 128), np.float32))
-        result = client.infer(model, [tensor], outputs=[httpclient.InferRequestedOutput("label")])
-        label = result.as_numpy("label")
-        if label is None or label.shape != (1, 1):
-            return f"{model} answered without a [1, 1] label"
+        for _ in range(repeat):
+            result = client.infer(
+                model, [tensor], outputs=[httpclient.InferRequestedOutput("label")]
+            )
+            label = result.as_numpy("label")
+            if label is None or label.shape != (1, 1):
+                return f"{model} answered without a [1, 1] label"
         return None
     except Exception as exc:
         return " ".join(str(exc).split())[:300]
@@ -72,6 +81,7 @@ class Supervisor:
     failures_to_restart: int = 2
     probe_timeout: float = 2.0
     start_timeout: float = 180.0
+    stop_grace: float = 3.0
     log: Callable[[str], None] = print
     restarts: list[Restart] = field(default_factory=list)
     failed: str | None = None
@@ -108,7 +118,7 @@ class Supervisor:
     def _restart(self, reason: str, first_failure: float) -> None:
         detected = time.monotonic()
         self.log("restarting Triton")
-        self.server.stop()
+        self.server.stop(grace=self.stop_grace)
         self.server.start(timeout=self.start_timeout)
         restart = Restart(reason, first_failure, detected, time.monotonic())
         self.restarts.append(restart)

@@ -23,9 +23,9 @@ SERVER_NAMES = {
     "triton:delay-0": "Triton, delay 0 us",
     "triton:delay-500": "Triton, delay 500 us",
     "triton:delay-2000": "Triton, delay 2000 us",
-    "triton:python-x2": "Triton, 2 Python instances",
-    "triton:classifier-x2": "Triton, 2 classifier instances",
-    "triton:all-x2": "Triton, 2 instances of every model",
+    "triton:python-x1": "Triton, 1 instance of each Python model",
+    "triton:classifier-x1": "Triton, 1 classifier instance",
+    "triton:all-x1": "Triton, 1 instance of every model",
     "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
     "mlserver": "MLServer 1.7.1, adaptive batching",
 }
@@ -152,13 +152,13 @@ def targets(results: dict) -> list[Target]:
     ]
 
 
-def second_instance(results: dict) -> list[str]:
-    """The targets' numbers again with second instances (variants classifier-x2, all-x2)."""
+def single_instance(results: dict) -> list[str]:
+    """The targets' numbers again with single instances (variants classifier-x1, all-x1)."""
     json_ = "http-json"
     found = []
     for variant, what in (
-        ("triton:classifier-x2", "a second `classifier` instance"),
-        ("triton:all-x2", "two instances of every model"),
+        ("triton:classifier-x1", "a single `classifier` instance"),
+        ("triton:all-x1", "one instance of every model"),
     ):
         comparisons = {
             ("classifier", 32): [
@@ -364,7 +364,7 @@ def render_markdown(results: dict) -> str:
             "notes below before reading the verdict.",
             "",
         ]
-    for finding in second_instance(results):
+    for finding in single_instance(results):
         out += [finding, ""]
     if "concurrency" in meta["families"] or "baselines" in meta["families"]:
         out += ["## Plots", ""]
@@ -453,8 +453,8 @@ def method_sections() -> list[str]:
         "the only instance still counts as busy, and Triton's verbose log then shows that "
         "request PENDING for 500 ms, the dynamic batcher's idle wait "
         "(`default_wait_microseconds` in dynamic_batch_scheduler.cc), i.e. the batcher is not "
-        "woken when the instance frees up. The `classifier-x2` and `all-x2` variants measure "
-        "how far a second instance gets.",
+        "woken when the instance frees up. The committed configs therefore run two instances of "
+        "each model; the `classifier-x1` and `all-x1` variants measure one.",
         "- Average batch size: deltas of Triton's `nv_inference_count` / "
         "`nv_inference_exec_count` for `classifier` over the repetitions.",
         "- Server CPU: user + system time of the server's process tree (tritonserver and its "

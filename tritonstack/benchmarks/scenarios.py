@@ -30,9 +30,9 @@ SERVER_ORDER = (
     "triton:delay-0",
     "triton:delay-500",
     "triton:delay-2000",
-    "triton:python-x2",
-    "triton:classifier-x2",
-    "triton:all-x2",
+    "triton:python-x1",
+    "triton:classifier-x1",
+    "triton:all-x1",
     "fastapi",
     "mlserver",
     "memory",
@@ -125,17 +125,17 @@ def family_points(family: str, s: Settings) -> list[Point]:
             Point(server, model, JSON, c)
             for c in cases
             for model in ("pipeline", "classify")
-            for server in (TRITON, "triton:python-x2")
+            for server in (TRITON, "triton:python-x1")
         ]
-        x2 = "triton:classifier-x2"
+        x1 = "triton:classifier-x1"
         classifier = [("classifier", 32)] if s.quick else [("classifier", 16), ("classifier", 32)]
         classifier += [] if s.quick else [("pipeline", 16), ("classify", 16)]
         both = [("classifier", 32), ("pipeline", 16), ("classify", 16)]
         both += [] if s.quick else [("classifier", 16)]
         return (
             python
-            + [Point(server, m, JSON, c) for m, c in classifier for server in (TRITON, x2)]
-            + [Point("triton:all-x2", m, JSON, c) for m, c in both]
+            + [Point(server, m, JSON, c) for m, c in classifier for server in (TRITON, x1)]
+            + [Point("triton:all-x1", m, JSON, c) for m, c in both]
         )
     if family == "protocols":
         models = ("pipeline",) if s.quick else ("classifier", "pipeline")
