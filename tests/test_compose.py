@@ -246,6 +246,7 @@ def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
     assert published == {
         "triton": ["127.0.0.1", "127.0.0.1"],
         "prometheus": ["127.0.0.1"],
+        "blackbox": [],
         "grafana": ["127.0.0.1"],
         "locust-master": ["127.0.0.1"],
         "locust-worker": [],
@@ -277,10 +278,19 @@ def test_prometheus_targets_are_compose_services(gpu: dict) -> None:
     targets = []
     for job in config["scrape_configs"]:
         for static in job.get("static_configs", []):
+            if job["job_name"] == "deep_probe":  # probed through the blackbox exporter
+                url = static["targets"][0]
+                assert url == "http://triton:8000/v2/models/pipeline/infer"
+                targets.extend(["triton:8000", job["relabel_configs"][-1]["replacement"]])
+                continue
             targets.extend(static["targets"])
         for dns in job.get("dns_sd_configs", []):
             targets.extend(f"{name}:{dns['port']}" for name in dns["names"])
-    assert targets == ["triton:8002", "locust-master:9646", "locust-worker:9646"]
+    assert targets == [
+        "triton:8002", "triton:8000", "blackbox:9115", "locust-master:9646", "locust-worker:9646"
+    ]  # fmt: skip
+    blackbox = gpu["services"]["blackbox"]["volumes"][0].split(":")[0]
+    assert Path(ROOT / blackbox).resolve() == ROOT / "prometheus" / "blackbox.yml"
     for target in targets:
         host, port = target.rsplit(":", 1)
         assert_listens(gpu, host, int(port), "prometheus.yml")

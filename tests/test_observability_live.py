@@ -149,11 +149,15 @@ def recording_rules() -> list[str]:
 
 
 @contextlib.contextmanager
-def prometheus(tmp: Path, triton_metrics: str, locust_exporter: str):
+def prometheus(
+    tmp: Path, triton_metrics: str, locust_exporter: str, blackbox: str, triton_http: str
+):
     binary = require_tool("prometheus")
     (port,) = free_ports(1)
     config = tmp / "prometheus.yml"
-    config.write_text(render(triton_metrics, [locust_exporter]))
+    config.write_text(
+        render(triton_metrics, [locust_exporter], blackbox=blackbox, triton_http=triton_http)
+    )
     log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [
@@ -190,6 +194,40 @@ def prometheus(tmp: Path, triton_metrics: str, locust_exporter: str):
         log.close()
 
 
+@contextlib.contextmanager
+def blackbox_exporter(tmp: Path):
+    """Debian's blackbox_exporter with the project's prometheus/blackbox.yml; yields host:port."""
+    binary = require_tool("prometheus-blackbox-exporter")
+    (port,) = free_ports(1)
+    log = open(tmp / "blackbox.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={PROMETHEUS_DIR / 'blackbox.yml'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/healthy", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    break
+            assert process.poll() is None, (tmp / "blackbox.log").read_text()
+            assert time.monotonic() < deadline, "blackbox_exporter not healthy after 20 s"
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(15)
+        log.close()
+
+
 def classify_load(url: str, stop: threading.Event, threads: int = 3) -> list[threading.Thread]:
     """A few closed-loop clients on `classify`, so its routing and sub-request metrics move."""
 
@@ -217,7 +255,10 @@ def stack(tmp_path_factory):
     server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=tmp / "triton.log")
     with (
         server,
-        prometheus(tmp, f"127.0.0.1:{metrics}", f"127.0.0.1:{locust_metrics}") as base,
+        blackbox_exporter(tmp) as blackbox,
+        prometheus(
+            tmp, f"127.0.0.1:{metrics}", f"127.0.0.1:{locust_metrics}", blackbox, server.http_url
+        ) as base,
     ):
         stop = threading.Event()
         workers = classify_load(server.http_url, stop)
@@ -242,7 +283,14 @@ def stack(tmp_path_factory):
         load = threading.Thread(target=locust, daemon=True)
         load.start()
         try:
-            yield {"base": base, "started": time.monotonic(), "result": result, "tmp": tmp}
+            yield {
+                "base": base,
+                "started": time.monotonic(),
+                "result": result,
+                "tmp": tmp,
+                "blackbox": blackbox,
+                "triton_http": server.http_url,
+            }
         finally:
             stop.set()
             load.join(LOAD_SECONDS + 60)
@@ -336,3 +384,26 @@ def test_prometheus_evaluates_every_rule_and_the_watchdog_fires(stack):
     assert firing == {"Watchdog"}, alerts
     targets = api(base, "/api/v1/targets")["activeTargets"]
     assert {t["labels"]["job"] for t in targets if t["health"] == "up"} >= {"triton"}
+
+
+def test_deep_probe_passes_on_a_healthy_server_and_fails_on_a_broken_target(stack):
+    """blackbox_exporter with prometheus/blackbox.yml: a real inference through pipeline is
+    probe_success 1 (and Prometheus scrapes it as job deep_probe); a model that does not answer
+    with a label is 0."""
+    base = stack["base"]
+    deadline = stack["started"] + DEADLINE_SECONDS
+
+    def all_one(series):
+        return None if series and all(v == 1 for v in series.values()) else f"got {series}"
+
+    assert not poll_until_plausible(base, {'probe_success{job="deep_probe"}': all_one}, deadline)
+
+    def probe(model: str) -> str:
+        target = f"http://{stack['triton_http']}/v2/models/{model}/infer"
+        url = f"http://{stack['blackbox']}/probe?module=triton_pipeline&target={target}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.read().decode()
+
+    assert "\nprobe_success 1\n" in probe("pipeline")
+    assert "\nprobe_success 0\n" in probe("nope")  # 404
+    assert "\nprobe_success 0\n" in probe("classifier")  # 200, but no label in the answer

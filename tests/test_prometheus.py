@@ -8,6 +8,7 @@ and that every alert carries what an on-call engineer needs.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -62,9 +63,26 @@ def test_promtool_check_config_of_the_committed_file():
 def test_promtool_check_config_of_the_loopback_rendering(tmp_path):
     """What tritonstack up and the live test run: same jobs, this checkout's rule files."""
     config = tmp_path / "prometheus.yml"
-    config.write_text(render("127.0.0.1:8002", ["127.0.0.1:9646"]))
+    config.write_text(
+        render("127.0.0.1:8002", ["127.0.0.1:9646"], blackbox="127.0.0.1:9115", triton_http="h:1")
+    )
     output = promtool("check", "config", str(config)).stdout
     assert f"{len(RULE_FILES)} rule files found" in output
+
+
+def test_rendering_points_the_deep_probe_at_local_ports_or_leaves_it_out():
+    jobs = yaml.safe_load(render("127.0.0.1:8002"))["scrape_configs"]
+    assert [job["job_name"] for job in jobs] == ["triton", "locust"]
+    rendered = render("127.0.0.1:8002", blackbox="127.0.0.1:9115", triton_http="127.0.0.1:8000")
+    probe = {job["job_name"]: job for job in yaml.safe_load(rendered)["scrape_configs"]}
+    probe = probe["deep_probe"]
+    assert probe["static_configs"] == [
+        {"targets": ["http://127.0.0.1:8000/v2/models/pipeline/infer"]}
+    ]
+    assert probe["relabel_configs"][-1] == {
+        "target_label": "__address__",
+        "replacement": "127.0.0.1:9115",
+    }
 
 
 def test_promtool_check_rules():
@@ -133,3 +151,17 @@ def test_average_batch_size_is_inferences_per_execution():
     expr = " ".join(rule["expr"].split())
     assert "rate(nv_inference_count[1m])" in expr and "rate(nv_inference_exec_count[1m])" in expr
     assert "nv_inference_request_success" not in expr
+
+
+def test_blackbox_config_is_valid_and_probes_pipeline_for_a_label():
+    binary = require_tool("prometheus-blackbox-exporter")
+    config = ROOT / "prometheus" / "blackbox.yml"
+    check = subprocess.run(
+        [binary, "--config.check", f"--config.file={config}"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    http = yaml.safe_load(config.read_text())["modules"]["triton_pipeline"]["http"]
+    body = json.loads(http["body"])
+    assert body["inputs"][0]["shape"] == [1, 128] and len(body["inputs"][0]["data"]) == 128
+    assert body["outputs"] == [{"name": "label"}]
+    assert http["fail_if_body_not_matches_regexp"] == ['"name":"label"']

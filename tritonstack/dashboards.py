@@ -188,7 +188,7 @@ LATENCY = RowSpec(
         PanelSpec(
             "Client-side failure ratio",
             "Share of the load generator's requests that failed over 1 minute; above 50 % for "
-            "1 minute fires TritonDeepHealthProbeFailing.",
+            "1 minute fires TritonClientRequestsFailing.",
             "percentunit",
             (
                 Query(

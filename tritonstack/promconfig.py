@@ -21,12 +21,28 @@ def render(
     locust_exporters: Sequence[str] = (),
     source: Path = PROMETHEUS_DIR / "prometheus.yml",
     rules_dir: Path = PROMETHEUS_DIR / "rules",
+    blackbox: str | None = None,
+    triton_http: str | None = None,
 ) -> str:
-    """prometheus.yml with job `triton` -> `triton_metrics` and job `locust` -> exporters."""
+    """prometheus.yml with job `triton` -> `triton_metrics`, job `locust` -> exporters, and job
+    `deep_probe` -> the blackbox exporter at `blackbox` probing Triton's HTTP at `triton_http`
+    (left out unless both are given)."""
     config = yaml.safe_load(source.read_text())
     config["rule_files"] = [str(rules_dir.resolve() / "*.yml")]
     targets = {"triton": [triton_metrics], "locust": list(locust_exporters)}
+    jobs = []
     for job in config["scrape_configs"]:
+        if job["job_name"] != "deep_probe":
+            jobs.append(job)
+        elif blackbox and triton_http:
+            url = job["static_configs"][0]["targets"][0].replace("triton:8000", triton_http)
+            job["static_configs"] = [{"targets": [url]}]
+            job["relabel_configs"][-1]["replacement"] = blackbox
+            jobs.append(job)
+    config["scrape_configs"] = jobs
+    for job in jobs:
+        if job["job_name"] == "deep_probe":
+            continue
         name = job["job_name"]
         if name not in targets:
             raise ValueError(f"{source}: job {name!r} has no local target; extend render()")
