@@ -148,6 +148,18 @@ def recording_rules() -> list[str]:
 # --- the stack ------------------------------------------------------------------------------
 
 
+def wait_until_ok(url: str, process: subprocess.Popen, log: Path, seconds: float) -> None:
+    """Until `url` answers 200; fails with the process's log if it exits or time runs out."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, f"{url} not answering after {seconds:.0f} s"
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def prometheus(
     tmp: Path, triton_metrics: str, locust_exporter: str, blackbox: str, triton_http: str
@@ -172,17 +184,7 @@ def prometheus(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response,
-            ):
-                if response.status == 200:
-                    break
-            assert process.poll() is None, (tmp / "prometheus.log").read_text()
-            assert time.monotonic() < deadline, "Prometheus not ready after 30 s"
-            time.sleep(0.3)
+        wait_until_ok(f"{base}/-/ready", process, tmp / "prometheus.log", seconds=30)
         yield base
     finally:
         process.terminate()
@@ -210,17 +212,7 @@ def blackbox_exporter(tmp: Path):
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/healthy", timeout=2) as r,
-            ):
-                if r.status == 200:
-                    break
-            assert process.poll() is None, (tmp / "blackbox.log").read_text()
-            assert time.monotonic() < deadline, "blackbox_exporter not healthy after 20 s"
-            time.sleep(0.2)
+        wait_until_ok(f"http://127.0.0.1:{port}/-/healthy", process, tmp / "blackbox.log", 20)
         yield f"127.0.0.1:{port}"
     finally:
         process.terminate()

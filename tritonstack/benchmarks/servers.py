@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,23 +27,13 @@ import psutil
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.errors import UserError
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir
+from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
 
 BENCH_DIR = Path(__file__).resolve().parent.parent.parent / "bench"
 REQUIREMENTS = BENCH_DIR / "requirements-baselines.txt"
 MODEL_ONNX = DEFAULT_MODEL_REPOSITORY / "classifier" / "1" / "model.onnx"
 LABELS = DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt"
 BASELINES = ("fastapi", "mlserver")
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 class ProcessTree:
