@@ -229,6 +229,9 @@ def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
     for name, service in gpu["services"].items():
         image = service["image"]
         assert re.fullmatch(r"[\w./-]+:[\w.-]+", image) and not image.endswith(":latest"), name
+        if service.get("profiles"):  # one-shot jobs (the GPU bench): neither healthy nor restarted
+            assert "restart" not in service and "ports" not in service, name
+            continue
         assert service["healthcheck"]["test"][0] == "CMD", name
         assert service["restart"] == "unless-stopped", name
     for dockerfile in ("Dockerfile.triton", "Dockerfile.locust"):
@@ -247,6 +250,7 @@ def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
         "triton": ["127.0.0.1", "127.0.0.1"],
         "prometheus": ["127.0.0.1"],
         "blackbox": [],
+        "perf-analyzer": [],
         "grafana": ["127.0.0.1"],
         "locust-master": ["127.0.0.1"],
         "locust-worker": [],
@@ -345,7 +349,9 @@ def test_every_mount_source_exists(gpu: dict) -> None:
     for name, service in gpu["services"].items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
-            if source.startswith("/"):
+            if source == str(ROOT / "results"):  # the GPU bench's output; Docker creates it
+                assert service.get("profiles") == ["bench"], name
+            elif source.startswith("/"):
                 assert Path(source).exists(), f"{name}: {source}"
             else:
                 assert source in gpu["volumes"], f"{name}: {source}"
@@ -486,3 +492,18 @@ def test_model_repository_is_read_only_for_the_server(gpu: dict) -> None:
     assert "./model_repository:/opt/tritonstack/model_repository:ro" in compose
     mounts = [str(v) for v in gpu["services"]["triton"].get("volumes", [])]
     assert all("model_repository" not in m or m.endswith(":ro") for m in mounts)
+
+
+def test_gpu_bench_profile_is_the_one_the_benchmark_docs_describe(gpu: dict) -> None:
+    """The `bench` profile's service equals tritonstack bench's COMPOSE_BENCH (which
+    docs/benchmarks.md prints) and uses the SDK image of Dockerfile.triton's release."""
+    from tritonstack.benchmarks.report import COMPOSE_BENCH
+
+    documented = yaml.safe_load(COMPOSE_BENCH)["perf-analyzer"]
+    committed = yaml.safe_load(COMPOSE.read_text())["services"]["perf-analyzer"]
+    assert committed == documented
+    assert committed["profiles"] == ["bench"]
+    release = re.search(r"tritonserver:(\S+)-py3", (ROOT / "Dockerfile.triton").read_text())[1]
+    assert committed["image"] == f"nvcr.io/nvidia/tritonserver:{release}-py3-sdk"
+    script = committed["command"][-1].replace("/bench/", "bench/")
+    assert (ROOT / script).is_file()
