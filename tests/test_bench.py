@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPOSITORY, require_tool
-from tritonstack.benchmarks import report
+from tritonstack.bench import PROFILED
+from tritonstack.benchmarks import explain, report
 from tritonstack.benchmarks.loadgen import binary_body, features, json_body
+from tritonstack.benchmarks.profile import StubProfile, parse_raw
 from tritonstack.benchmarks.scenarios import (
     FAMILIES,
     FULL,
@@ -295,6 +298,100 @@ def test_write_produces_markdown_json_and_pngs(tmp_path):
     assert "QUICK" not in (tmp_path / "benchmarks.md").read_text()
 
 
+# -- why: CPU per request by process, py-spy profiles --------------------------------------------
+
+
+def test_py_spy_raw_samples_split_into_model_code_and_backend(tmp_path):
+    model = tmp_path / "postprocess" / "1" / "model.py"
+    raw = "\n".join(
+        [
+            # two stacks in execute(): the innermost model.py frame is the line that counts
+            f"main (stub);execute ({model}:57);increment (triton_python_backend_utils.py:9) 30",
+            f"main (stub);execute ({model}:60);<listcomp> ({model}:62);sem_post (libc.so.6) 10",
+            # the backend's C++ with no Python frame, and a numpy frame outside the model
+            "main (stub);ProcessRequests (triton_python_backend_stub);sem_wait (libc.so.6) 50",
+            "main (stub);split (numpy/lib/shape_base.py:866) 10",
+            "not a sample line",
+        ]
+    )
+    profile, lines = StubProfile("postprocess"), Counter()
+    parse_raw(raw, profile, lines)
+    assert (profile.samples, profile.in_model_code) == (100, 40)
+    assert profile.model_code_share == 0.4
+    assert lines == {(str(model), 57): 30, (str(model), 62): 10}
+
+
+def with_costs(results: dict, costs: dict, profiles: dict | None = None) -> dict:
+    """fake_results plus per-process CPU (µs/request) on the points named in `costs`."""
+    for point in results["points"]:
+        found = costs.get((point["server"], point["model"], point["concurrency"]))
+        if found and point["protocol"] == "http-json":
+            point["cpu_by_process_us"] = found
+    results["profiles"] = profiles or {}
+    return results
+
+
+def profile_of(stub: str, samples: int, own: int) -> dict:
+    return asdict(StubProfile(stub, 2, samples, own, [(f"{stub}/model.py:5", "x = 1", own)]))
+
+
+def test_why_section_bounds_each_missed_target_by_its_cpu_cost():
+    t = "triton:default"
+    rps = {(t, "classifier", 16): 10000.0, (t, "pipeline", 16): 5000.0}
+    rps |= {(t, "classify", 16): 5000.0, ("fastapi", "classifier", 16): 2500.0}
+    rps |= {(t, "classifier", 32): 12000.0, ("triton:batching-off", "classifier", 32): 8000.0}
+    costs = {
+        (t, "classifier", 16): {"tritonserver": 70.0, "classifier": 50.0},
+        (t, "pipeline", 16): {"tritonserver": 150.0, "classifier": 70.0, "postprocess": 80.0},
+        (t, "classify", 16): {"tritonserver": 120.0, "classifier": 30.0, "classify": 100.0},
+        (t, "classifier", 32): {"tritonserver": 70.0, "classifier": 30.0},
+        ("triton:batching-off", "classifier", 32): {"tritonserver": 80.0, "classifier": 120.0},
+        ("fastapi", "classifier", 16): {"python": 390.0},
+    }
+    profiles = {"pipeline": {"postprocess": profile_of("postprocess", 100, 25)}}
+    results = with_costs(fake_results(rps=rps), costs, profiles)
+    text = report.render_markdown(results)
+    assert "## Where each request's CPU goes" in text
+    assert "| `pipeline` (ensemble), c=16 | 150 | 70 | 80 |  | 300 |" in text
+    assert "| FastAPI + onnxruntime, c=16 |  |  |  |  | 390 |" in text
+    assert (
+        "| `pipeline` | `postprocess` | 100 | 25% | `postprocess/model.py:5` `x = 1` 25% |" in text
+    )
+    why = explain.explanations(results)
+    assert len(why) == 4
+    # pipeline: 0.8x needs <= 120/0.8 = 150 µs; tritonserver alone takes 150 -> whole budget;
+    # its own code is 25% of 80 = 20 µs -> 280 µs -> 120/280 = 0.43x; no stub at all: 120/220.
+    pipeline = next(w for w in why if "`pipeline` ≥ 0.8x" in w)
+    assert "at most 150 µs" in pipeline and "more than the whole budget" in pipeline
+    assert "≈ 20 µs" in pipeline and "at most 0.43x" in pipeline and "0.55x at best" in pipeline
+    # classify: no profile -> no model-code bound; 250 µs, server 120 < 150 leaves 30 µs
+    classify = next(w for w in why if "`classify` ≥ 0.8x" in w)
+    assert "leaving 30 µs for the stubs; they take 130" in classify and "py-spy" not in classify
+    # FastAPI: 3 x 2500 = 7500 req/s x 300 µs = 2.25 cores > 2 - generator
+    fastapi = next(w for w in why if "FastAPI" in w)
+    assert "7,500 req/s" in fastapi and "2.25 cores" in fastapi
+    batching = next(w for w in why if "Batching" in w)
+    assert "from 200 to 100 µs (2.00x)" in batching
+    # a met target is stated as met, without a bound
+    rps[(t, "classify", 16)] = 9000.0
+    met = explain.explanations(with_costs(fake_results(rps=rps), costs, profiles))
+    assert any("`classify` ≥ 0.8x the direct classifier: met" in w for w in met)
+
+
+def test_why_section_is_left_out_without_per_process_cpu():
+    """Results from before the per-process split render without the section, not with zeros."""
+    assert "## Where each request's CPU goes" not in report.render_markdown(fake_results())
+
+
+def test_a_failed_profile_is_reported_not_hidden():
+    results = with_costs(
+        fake_results(),
+        {("triton:default", "classifier", 16): {"tritonserver": 70.0, "classifier": 50.0}},
+        {"pipeline": {"error": "py-spy could not sample postprocess: Permission denied"}},
+    )
+    assert "not profiled: py-spy could not sample postprocess" in explain.profile_table(results)
+
+
 # -- command line ----------------------------------------------------------------------------
 
 
@@ -345,6 +442,28 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
     memory = results["memory"]
     assert memory["requests"] >= QUICK.memory_requests and memory["rss_warm_bytes"] > 0
     assert [t.passed is not None for t in report.targets(results)] == [True] * 4
+
+    # Where the CPU went: tritonserver and the stubs each request passed through, by name.
+    by_process = {
+        p["model"]: p["cpu_by_process_us"]
+        for p in results["points"]
+        if p["key"] in {f"triton:default|{m}|http-json|c16" for m in PROFILED}
+    }
+    assert set(by_process["classifier"]) == {"tritonserver", "classifier"}
+    assert {"tritonserver", "classifier", "postprocess"} <= set(by_process["pipeline"])
+    assert {"tritonserver", "classifier", "classify"} <= set(by_process["classify"])
+    assert all(us > 0 for costs in by_process.values() for us in costs.values())
+    # py-spy sampled every stub under load and found both the model's code and the backend's.
+    for sent, stubs in PROFILED.items():
+        profiles = results["profiles"][sent]
+        assert "error" not in profiles, profiles
+        assert set(profiles) == set(stubs), sent
+        for profile in profiles.values():
+            assert profile["processes"] == 2  # both instances
+            assert 0 < profile["in_model_code"] < profile["samples"], profile
+            where, source, samples = profile["top_lines"][0]
+            assert re.fullmatch(r"\w+/model\.py:\d+", where) and source and samples > 0, where
+    assert "## Where each request's CPU goes" in text and "py-spy (`--native`" in text
 
 
 def test_committed_docs_are_a_full_run_or_the_pending_page():

@@ -36,6 +36,13 @@ TRITON_COUNTERS = {
     "request_us": "nv_inference_request_duration_us",
 }
 TRITON_MODELS = ("classifier", "postprocess", "pipeline", "classify")
+#: Model a request is sent to -> the stubs py-spy samples meanwhile (the models family's points).
+PROFILED = {
+    "classifier": ("classifier",),
+    "pipeline": ("classifier", "postprocess"),
+    "classify": ("classify", "classifier"),
+}
+PROFILE_CLIENTS = 16
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -120,6 +127,7 @@ class Bench:
         self.grpc_processes = grpc_processes
         self.points: dict[str, dict] = {}
         self.memory: dict | None = None
+        self.profiles: dict[str, dict] = {}
 
     def run(self) -> None:
         from tritonstack.benchmarks import report
@@ -137,6 +145,8 @@ class Bench:
                 continue
             per_point = estimate_seconds(server, points, self.settings) - start
             estimates += [start] + [per_point / len(points)] * len(points)
+            if self._profiling(server):
+                estimates += [self.settings.warmup_s + self.settings.seconds + 3] * len(PROFILED)
         total = sum(estimates)
         print(
             f"tritonstack bench ({self.settings.label}): {len(the_plan)} servers, "
@@ -162,7 +172,12 @@ class Bench:
             else:
                 print(f"server logs kept in {self.workdir}", flush=True)
         meta = self._meta(started, load_before, venv)
-        results = {"meta": meta, "points": list(self.points.values()), "memory": self.memory}
+        results = {
+            "meta": meta,
+            "points": list(self.points.values()),
+            "memory": self.memory,
+            "profiles": self.profiles,
+        }
         self.out.mkdir(parents=True, exist_ok=True)
         written = report.write(results, self.out)
         for path in written:
@@ -193,6 +208,8 @@ class Bench:
                 self._memory(server)
             for point in points:
                 self._measure(server, point)
+            if self._profiling(server_key):
+                self._profile(server)
         finally:
             server.stop()
 
@@ -216,6 +233,7 @@ class Bench:
         counters_before = self._counters(server)
         tree = server.tree()
         reps = []
+        roles_before = tree.cpu_seconds_by_role()
         for _ in range(s.reps):
             cpu_before, wall_before = tree.cpu_seconds(), time.monotonic()
             result = self.generator.run(target, point.concurrency, s.seconds)
@@ -235,6 +253,14 @@ class Bench:
                 )
             )
         counters = self._delta(counters_before, self._counters(server))
+        answered = sum(r.requests for r in reps)
+        roles_after = tree.cpu_seconds_by_role()
+        # Which process the server CPU goes to, per answered request: tritonserver vs each stub.
+        cpu_by_process_us = {
+            role: (roles_after[role] - roles_before[role]) / answered * 1e6
+            for role in roles_before.keys() & roles_after.keys()
+            if answered and roles_after[role] > roles_before[role]
+        }
         summary = summarize(reps)
         summary.avg_batch = self._avg_batch(server, point, counters)
         summary.notes = saturation_notes(summary, os.cpu_count() or 1, point.concurrency)
@@ -247,6 +273,7 @@ class Bench:
             "summary": asdict(summary),
             "reps": [asdict(r) for r in reps],
             "counters": counters,
+            "cpu_by_process_us": cpu_by_process_us,
         }
         self.progress.step(
             f"{point.server}: {point.model} {point.protocol} c={point.concurrency}: "
@@ -312,6 +339,35 @@ class Bench:
         if not model:
             return None
         return average_batch({"inferences": 0, "executions": 0}, model)
+
+    # -- profiles ------------------------------------------------------------------------------
+
+    def _profiling(self, server_key: str) -> bool:
+        from tritonstack.benchmarks.scenarios import TRITON
+
+        return server_key == TRITON and "models" in self.families
+
+    def _profile(self, server) -> None:
+        """py-spy on the stubs while each model of the models family runs at 16 clients."""
+        from tritonstack.benchmarks.loadgen import Target
+        from tritonstack.benchmarks.profile import profile_stubs
+
+        for sent, stubs in PROFILED.items():
+            target = Target("http-json", server.url("http-json", sent), sent)
+            self.generator.run(target, PROFILE_CLIENTS, self.settings.warmup_s)
+            found = profile_stubs(
+                server.tree(),
+                stubs,
+                self.settings.seconds,
+                self.workdir / "profiles" / sent,
+                lambda seconds, target=target: self.generator.run(target, PROFILE_CLIENTS, seconds),
+            )
+            self.profiles[sent] = found
+            summary = found.get("error") or ", ".join(
+                f"{p['model']} {p['in_model_code'] / max(p['samples'], 1):.0%} in model code"
+                for p in found.values()
+            )
+            self.progress.step(f"profiled stubs under {sent} (py-spy): {summary}")
 
     # -- memory --------------------------------------------------------------------------------
 

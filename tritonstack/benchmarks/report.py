@@ -301,6 +301,38 @@ def _breakdown(results: dict) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def _why_section(results: dict) -> list[str]:
+    """The targets explained: CPU per request by process, py-spy on the stubs, the bounds."""
+    from tritonstack.benchmarks import explain
+
+    cpu, profiles = explain.cpu_table(results), explain.profile_table(results)
+    if not cpu:
+        return []
+    out = [
+        "## Where each request's CPU goes",
+        "",
+        "CPU time per answered request (µs), by process, summed over the repetitions: "
+        "tritonserver (HTTP, scheduling, ensemble steps, the Python backend's side of each model "
+        "call) and each model's stub processes (both instances).",
+        "",
+        cpu,
+        "",
+    ]
+    if profiles:
+        out += [
+            "py-spy (`--native`, 250 Hz) on the stubs while the same requests ran at 16 clients: "
+            "a busy sample with a frame in the model's file is the model's own Python (its "
+            "`execute`, numpy, onnxruntime, metric calls); the rest is the Python backend's C++ "
+            "around it (reading requests from shared memory, wrapping tensors, sending "
+            "responses, waiting on tritonserver), which model code cannot make cheaper.",
+            "",
+            profiles,
+            "",
+        ]
+    out += [*explain.explanations(results), ""]
+    return out
+
+
 def render_markdown(results: dict) -> str:
     meta = results["meta"]
     quick = meta["quick"]
@@ -366,6 +398,7 @@ def render_markdown(results: dict) -> str:
         ]
     for finding in single_instance(results):
         out += [finding, ""]
+    out += _why_section(results)
     if "concurrency" in meta["families"] or "baselines" in meta["families"]:
         out += ["## Plots", ""]
         out += [f"![{title}](benchmarks/{name}.png)" for name, title in PLOTS.items()]

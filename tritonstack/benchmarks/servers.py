@@ -56,12 +56,32 @@ class ProcessTree:
                 times[process.pid] = cpu.user + cpu.system
         return times
 
+    def cpu_seconds_by_role(self) -> dict[str, float]:
+        """CPU seconds per role: `tritonserver`, each stub's model name, else the process name."""
+        roles: dict[str, float] = {}
+        for process in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                cpu = process.cpu_times()
+                name = process_role(process)
+                roles[name] = roles.get(name, 0.0) + cpu.user + cpu.system
+        return roles
+
     def rss_bytes(self) -> int:
         total = 0
         for process in self.processes():
             with contextlib.suppress(psutil.NoSuchProcess):
                 total += process.memory_info().rss
         return total
+
+
+def process_role(process: psutil.Process) -> str:
+    """A Python backend stub is named after its model: its first argument is
+    `<repository>/<model>/<version>/model.py` (or the model file a Python-based backend serves).
+    """
+    command = process.cmdline()
+    if command and command[0].endswith("triton_python_backend_stub") and len(command) > 1:
+        return Path(command[1]).parents[1].name
+    return process.name()
 
 
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
