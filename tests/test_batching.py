@@ -43,3 +43,35 @@ def test_concurrent_requests_are_batched(triton, tmp_path):
     assert result.requests <= inferences <= result.requests + CONNECTIONS
     # Below half: on average more than two requests share every execution of the model.
     assert executions < inferences / 2, f"{executions} executions for {inferences} inferences"
+
+
+@pytest.mark.timeout(300)
+def test_a_queue_policy_costs_500_ms_stalls_with_one_instance(tmp_path):
+    """Pins the upstream behaviour behind the committed second instance (Triton 2.51).
+
+    A queue policy turns off the dynamic batcher's payload prefetching, and on that path the
+    batcher is not woken when its only instance frees up: requests that arrived meanwhile wait
+    for its 500 ms idle timeout. Same repository without the policy: no stall. When an upgrade
+    fixes this, this test fails, and the instance counts (and docs/operations.md) can be revisited.
+    """
+    require_tool("wrk")
+    from tritonstack import DEFAULT_MODEL_REPOSITORY
+    from tritonstack.benchmarks.servers import start_triton
+    from tritonstack.benchmarks.variants import write_variant
+
+    generator = Generator(tmp_path / "load")
+    results = {}
+    for variant in ("all-x1", "no-queue-policy-x1"):
+        repository = write_variant(DEFAULT_MODEL_REPOSITORY, tmp_path / variant, variant)
+        server = start_triton(repository, tmp_path / f"{variant}.log", variant)
+        try:
+            target = Target("http-json", server.url("http-json", "classifier"), "classifier")
+            generator.run(target, 16, 1)  # warm-up
+            results[variant] = generator.run(target, 16, SECONDS)
+        finally:
+            server.stop()
+    stalled, free = results["all-x1"], results["no-queue-policy-x1"]
+    assert stalled.errors == free.errors == 0
+    assert stalled.p99_ms >= 400, stalled  # requests waited out the 500 ms idle timeout
+    assert free.p99_ms < 100, free
+    assert free.requests > 5 * stalled.requests, (stalled, free)

@@ -183,7 +183,9 @@ def test_unknown_variant_is_a_user_error(tmp_path):
 def test_plan_covers_every_family_once_per_point(settings):
     the_plan = plan(FAMILIES, settings)
     servers = [server for server, _ in the_plan]
-    assert servers == [s for s in SERVER_ORDER if s in servers] and len(servers) == 12
+    assert servers == [s for s in SERVER_ORDER if s in servers]
+    if not settings.quick:  # the quick run may leave a server out, never the full one
+        assert servers == list(SERVER_ORDER)
     measured = [p for _, points in the_plan for p in points]
     assert len(measured) == len(set(measured))
     for family in FAMILIES:

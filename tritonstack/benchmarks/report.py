@@ -26,6 +26,8 @@ SERVER_NAMES = {
     "triton:python-x1": "Triton, 1 instance of each Python model",
     "triton:classifier-x1": "Triton, 1 classifier instance",
     "triton:all-x1": "Triton, 1 instance of every model",
+    "triton:no-queue-policy": "Triton, no queue policy",
+    "triton:no-queue-policy-x1": "Triton, no queue policy, 1 instance of every model",
     "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
     "mlserver": "MLServer 1.7.1, adaptive batching",
 }
@@ -208,6 +210,40 @@ def single_instance(results: dict) -> list[str]:
             + (": " + ", ".join(parts) if parts else "")
             + ". Its answer is one `score:index:label` string per row instead of `label` and "
             "`class` tensors."
+        )
+    return found
+
+
+def queue_findings(results: dict) -> list[str]:
+    """The queue family read side by side: what the overload protection costs in stalls."""
+    found = []
+    for with_policy, without, what in (
+        (TRITON, "triton:no-queue-policy", "two instances (committed)"),
+        ("triton:all-x1", "triton:no-queue-policy-x1", "one instance of every model"),
+    ):
+        parts = []
+        for point in results["points"]:
+            if point["server"] != with_policy or point["protocol"] != "http-json":
+                continue
+            other = _get(results, without, point["model"], "http-json", point["concurrency"])
+            if other is None:
+                continue
+            a, b = point["summary"], other["summary"]
+            parts.append(
+                f"`{point['model']}` c={point['concurrency']}: {_rps(point):,.0f} req/s, worst "
+                f"p99 {a['p99_ms']['high']:.1f} ms with the policy; {_rps(other):,.0f} req/s, "
+                f"worst p99 {b['p99_ms']['high']:.1f} ms without"
+            )
+        if parts:
+            found.append(f"With {what}: " + "; ".join(parts) + ".")
+    if found:
+        found.append(
+            "A queue policy (`max_queue_size`, or a default timeout) turns off the dynamic "
+            "batcher's payload prefetching; on that path Triton 2.51's batcher is not woken when a "
+            "busy instance frees up, so a request that arrived meanwhile waits for the batcher's "
+            "500 ms idle timeout. The worst p99 over the repetitions shows those stalls. The "
+            "committed configs keep the policy (overload protection, docs/operations.md) and run "
+            "two instances, which makes a stall need every instance busy at once."
         )
     return found
 
@@ -408,6 +444,8 @@ def render_markdown(results: dict) -> str:
             continue
         out += [f"## {FAMILIES[family][0].upper()}{FAMILIES[family][1:]}", ""]
         out += [family_table(results, family), ""]
+        if family == "queue":
+            out += [*queue_findings(results), ""]
         if family == "models":
             breakdown = _breakdown(results)
             if breakdown:
@@ -478,16 +516,18 @@ def method_sections() -> list[str]:
         "applied to the gRPC samples.",
         "- Stalls: a point is flagged when its requests waited on average more than 5 ms in "
         "a model's queue (Triton's `nv_inference_queue_duration_us`; the configured delay "
-        "is at most 2 ms) while the server used under 40% of the machine. Seen on Triton 2.51 "
-        "here with dynamic batching and one `classifier` "
-        "instance; with batching off in one run out of several, and far less often with two "
-        "instances (a stall then needs both busy at once). The Python backend sends a "
-        "response before its `execute` returns, a fast client's next request is queued while "
-        "the only instance still counts as busy, and Triton's verbose log then shows that "
-        "request PENDING for 500 ms, the dynamic batcher's idle wait "
-        "(`default_wait_microseconds` in dynamic_batch_scheduler.cc), i.e. the batcher is not "
-        "woken when the instance frees up. The committed configs therefore run two instances of "
-        "each model; the `classifier-x1` and `all-x1` variants measure one.",
+        "is at most 2 ms) while the server used under 40% of the machine. Cause, found by "
+        "elimination (the queue policy family): a queue policy (`max_queue_size` or a default "
+        "timeout) turns off the dynamic batcher's payload prefetching (core's "
+        "`PriorityQueue::SupportPrefetching`); the batcher then hands work only to an idle "
+        "instance, and Triton 2.51 does not wake it when a busy instance becomes idle. The Python "
+        "backend sends a response before its `execute` returns, so a fast client's next request "
+        "arrives while the only instance still counts as busy, and it waits for the batcher's "
+        "500 ms idle timeout (`default_wait_microseconds` in dynamic_batch_scheduler.cc). "
+        "Without the policy no stall was seen, with one instance or two. The committed configs "
+        "keep the policy for overload protection and run two instances, so a stall needs both "
+        "busy at once; the `classifier-x1`, `all-x1` and `no-queue-policy*` variants measure the "
+        "alternatives.",
         "- Average batch size: deltas of Triton's `nv_inference_count` / "
         "`nv_inference_exec_count` for `classifier` over the repetitions.",
         "- Server CPU: user + system time of the server's process tree (tritonserver and its "

@@ -16,6 +16,7 @@ FAMILIES = {
     "batching": "dynamic batching off vs on",
     "delay": "queue delay sweep (max_queue_delay_microseconds)",
     "instances": "instance count 1 vs 2 (the Python models, the classifier, all three)",
+    "queue": "queue policy (overload protection) on vs off: the batcher stall it costs",
     "protocols": "HTTP/JSON vs HTTP binary tensors vs gRPC",
     "concurrency": "concurrency sweep",
     "baselines": "FastAPI + onnxruntime, MLServer (adaptive batching) vs Triton",
@@ -33,6 +34,8 @@ SERVER_ORDER = (
     "triton:python-x1",
     "triton:classifier-x1",
     "triton:all-x1",
+    "triton:no-queue-policy",
+    "triton:no-queue-policy-x1",
     "fastapi",
     "mlserver",
     "memory",
@@ -137,6 +140,20 @@ def family_points(family: str, s: Settings) -> list[Point]:
             + [Point(server, m, JSON, c) for m, c in classifier for server in (TRITON, x1)]
             + [Point("triton:all-x1", m, JSON, c) for m, c in both]
         )
+    if family == "queue":
+        two = [("classifier", 16), ("classifier", 32), ("pipeline", 16), ("classify", 16)]
+        one = [("classifier", 16), ("pipeline", 16), ("classify", 16)]
+        if s.quick:  # the single-instance pair shows the stall best; c=32 is shared with instances
+            two, one = [], [("classifier", 32)]
+        return [
+            Point(server, m, JSON, c)
+            for servers, cases in (
+                ((TRITON, "triton:no-queue-policy"), two),
+                (("triton:all-x1", "triton:no-queue-policy-x1"), one),
+            )
+            for m, c in cases
+            for server in servers
+        ]
     if family == "protocols":
         models = ("pipeline",) if s.quick else ("classifier", "pipeline")
         return [

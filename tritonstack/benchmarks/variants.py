@@ -44,6 +44,19 @@ def _instances(count: int, models: tuple[str, ...]) -> Callable[[ModelConfig], N
     return edit
 
 
+def _no_queue_policy(config: ModelConfig) -> None:
+    if config.HasField("dynamic_batching"):
+        config.dynamic_batching.ClearField("default_queue_policy")
+
+
+def _both(*edits: Callable[[ModelConfig], None]) -> Callable[[ModelConfig], None]:
+    def edit(config: ModelConfig) -> None:
+        for one in edits:
+            one(config)
+
+    return edit
+
+
 def _classification(config: ModelConfig) -> None:
     if config.name == "classifier":
         config.output[0].label_filename = CLASSIFICATION_LABELS
@@ -80,6 +93,15 @@ VARIANTS: dict[str, tuple[str, Callable[[ModelConfig], None]]] = {
     "all-x1": (
         "instance_group count 1 for classifier, postprocess and classify",
         _instances(1, ("classifier", *PYTHON_MODELS)),
+    ),
+    # A queue policy (max_queue_size, a default timeout) turns off the dynamic batcher's payload
+    # prefetching (core's PriorityQueue::SupportPrefetching); on that path Triton 2.51 is not
+    # woken when a busy instance frees up and sleeps its 500 ms idle wait. These variants
+    # measure what the committed overload protection costs.
+    "no-queue-policy": ("no default_queue_policy on any model", _no_queue_policy),
+    "no-queue-policy-x1": (
+        "no default_queue_policy, and instance_group count 1 for every model",
+        _both(_no_queue_policy, _instances(1, ("classifier", *PYTHON_MODELS))),
     ),
 }
 
