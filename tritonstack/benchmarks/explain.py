@@ -57,7 +57,10 @@ def cpu_table(results: dict) -> str:
         costs = _costs(point)
         if not costs:
             continue
-        cells = [f"{costs[k]:.0f}" if k in costs else "" for k in ("tritonserver", *STUBS)]
+        # a stub the request never reached still burns a little CPU idling: shown blank
+        cells = [
+            f"{costs[k]:.0f}" if costs.get(k, 0) >= 0.5 else "" for k in ("tritonserver", *STUBS)
+        ]
         if server == "fastapi":
             cells = ["", "", "", ""]  # one uvicorn process: only the total is meaningful
         lines.append(
@@ -170,7 +173,7 @@ def _fastapi_bound(results: dict, floor: float = 3.0) -> str | None:
         f"{need * cost / 1e6:.2f} cores, and the server has {usable:.2f} (the machine minus the "
         f"load generator): at most {usable / (cost / 1e6) / _rps(fastapi):.2f}x. The direct "
         f"classifier, at {_total(_point(results, TRITON, 'classifier', 16)) or 0:.0f} µs, "
-        "clears the bar; the two Python hops of the pipeline do not (previous item)."
+        "clears the bar; the two Python hops of the pipeline do not (next item)."
     )
 
 

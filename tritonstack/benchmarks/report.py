@@ -445,7 +445,8 @@ def render_markdown(results: dict) -> str:
         out += [f"## {FAMILIES[family][0].upper()}{FAMILIES[family][1:]}", ""]
         out += [family_table(results, family), ""]
         if family == "queue":
-            out += [*queue_findings(results), ""]
+            for finding in queue_findings(results):
+                out += [finding, ""]
         if family == "models":
             breakdown = _breakdown(results)
             if breakdown:
