@@ -161,28 +161,28 @@ class TritonUser(User):
         raise NotImplementedError
 
 
-class HttpJsonUser(TritonUser, FastHttpUser):
-    """KServe v2 JSON over HTTP: what any client without Triton's library sends."""
+class TritonHttpUser(TritonUser, FastHttpUser):
+    """One HTTP request per task through Locust's FastHttpUser; subclasses pick the wire format."""
 
-    abstract = False
-    user_type = "http_json"
+    abstract = True
+    #: What parsing a malformed answer raises: reported as a request failure, never a crash.
+    answer_errors: tuple[type[Exception], ...] = (ValidationError, ValueError, KeyError, TypeError)
 
-    def payload(self, features: np.ndarray) -> bytes:
-        tensor = {
-            "name": "features",
-            "shape": list(features.shape),
-            "datatype": "FP32",
-            "data": features.ravel().tolist(),
-        }
-        return json.dumps({"inputs": [tensor]}).encode()
+    def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        """The request body and its headers, built once per pre-generated payload."""
+        raise NotImplementedError
+
+    def outputs(self, response) -> dict[str, np.ndarray]:
+        """The answer's tensors by name."""
+        raise NotImplementedError
 
     @task
     def infer(self) -> None:
-        rows, body = self.next_payload()
+        rows, (body, headers) = self.next_payload()
         with self.client.post(
             f"/v2/models/{self.model}/infer",
             data=body,
-            headers={"Content-Type": "application/json"},
+            headers=headers,
             name=self.request_name(rows),
             catch_response=True,
         ) as response:
@@ -190,21 +190,38 @@ class HttpJsonUser(TritonUser, FastHttpUser):
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
                 return
             try:
-                answer = response.json()
-                outputs = {
-                    out["name"]: np.array(
-                        out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
-                    ).reshape(out["shape"])
-                    for out in answer["outputs"]
-                }
-                check_outputs(self.model, rows, outputs, self.labels)
-            except (ValidationError, ValueError, KeyError, TypeError) as exc:
+                check_outputs(self.model, rows, self.outputs(response), self.labels)
+            except self.answer_errors as exc:
                 response.failure(f"bad answer: {exc}")
             else:
                 response.success()
 
 
-class HttpBinaryUser(TritonUser, FastHttpUser):
+class HttpJsonUser(TritonHttpUser):
+    """KServe v2 JSON over HTTP: what any client without Triton's library sends."""
+
+    abstract = False
+    user_type = "http_json"
+
+    def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        tensor = {
+            "name": "features",
+            "shape": list(features.shape),
+            "datatype": "FP32",
+            "data": features.ravel().tolist(),
+        }
+        return json.dumps({"inputs": [tensor]}).encode(), {"Content-Type": "application/json"}
+
+    def outputs(self, response) -> dict[str, np.ndarray]:
+        return {
+            out["name"]: np.array(
+                out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
+            ).reshape(out["shape"])
+            for out in response.json()["outputs"]
+        }
+
+
+class HttpBinaryUser(TritonHttpUser):
     """HTTP with Triton's binary tensor extension: a JSON header, then raw little-endian tensors.
 
     The body and the answer go through tritonclient.http's own `generate_request_body` and
@@ -214,6 +231,7 @@ class HttpBinaryUser(TritonUser, FastHttpUser):
 
     abstract = False
     user_type = "http_binary"
+    answer_errors = (Exception,)  # a malformed body raises from deep in tritonclient
 
     def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
         tensor = httpclient.InferInput("features", list(features.shape), "FP32")
@@ -230,30 +248,12 @@ class HttpBinaryUser(TritonUser, FastHttpUser):
             headers["Inference-Header-Content-Length"] = str(json_size)
         return body, headers
 
-    @task
-    def infer(self) -> None:
-        rows, (body, headers) = self.next_payload()
-        with self.client.post(
-            f"/v2/models/{self.model}/infer",
-            data=body,
-            headers=headers,
-            name=self.request_name(rows),
-            catch_response=True,
-        ) as response:
-            if response.status_code != 200:
-                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
-                return
-            try:
-                length = response.headers.get("Inference-Header-Content-Length")
-                result = httpclient.InferenceServerClient.parse_response_body(
-                    response.content, header_length=int(length) if length else None
-                )
-                outputs = {name: result.as_numpy(name) for name in MODEL_OUTPUTS[self.model]}
-                check_outputs(self.model, rows, outputs, self.labels)
-            except Exception as exc:  # a malformed body raises from deep in tritonclient
-                response.failure(f"bad answer: {exc}")
-            else:
-                response.success()
+    def outputs(self, response) -> dict[str, np.ndarray]:
+        length = response.headers.get("Inference-Header-Content-Length")
+        result = httpclient.InferenceServerClient.parse_response_body(
+            response.content, header_length=int(length) if length else None
+        )
+        return {name: result.as_numpy(name) for name in MODEL_OUTPUTS[self.model]}
 
 
 class GeventSafeGrpcClient(grpcclient.InferenceServerClient):
