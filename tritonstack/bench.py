@@ -132,7 +132,7 @@ class Bench:
     def run(self) -> None:
         from tritonstack.benchmarks import report
         from tritonstack.benchmarks.loadgen import Generator
-        from tritonstack.benchmarks.scenarios import estimate_seconds, plan
+        from tritonstack.benchmarks.scenarios import BASELINES, estimate_seconds, plan
 
         started = datetime.now(timezone.utc)
         load_before = os.getloadavg()
@@ -157,7 +157,7 @@ class Bench:
         self.progress = Progress(estimates)
         self.generator = Generator(self.workdir / "load", grpc_processes=self.grpc_processes)
         venv = None
-        if any(server in ("fastapi", "mlserver") for server, _ in the_plan):
+        if any(server in BASELINES for server, _ in the_plan):
             from tritonstack.benchmarks.servers import baseline_venv
 
             venv = baseline_venv(progress=lambda text: print(text, flush=True))
@@ -192,6 +192,8 @@ class Bench:
         log = self.workdir / f"{server_key.replace(':', '-')}.log"
         if server_key == "fastapi":
             return servers.start_fastapi(venv, log)
+        if server_key == "fastapi-x2":
+            return servers.start_fastapi(venv, log, workers=2)
         if server_key == "mlserver":
             return servers.start_mlserver(venv, log)
         variant = "default" if server_key == "memory" else server_key.split(":", 1)[1]
@@ -333,7 +335,7 @@ class Bench:
     def _avg_batch(server, point, counters: dict) -> float | None:
         from tritonstack.benchmarks.stats import average_batch
 
-        if server.name == "fastapi":
+        if server.name.startswith("fastapi"):
             return 1.0  # one request, one session.run
         model = counters.get("classifier")
         if not model:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tritonstack.benchmarks.scenarios import DELAY_SERVERS, FAMILIES, TRITON, Point
+from tritonstack.benchmarks.scenarios import BASELINES, DELAY_SERVERS, FAMILIES, TRITON, Point
 from tritonstack.benchmarks.stats import Target, ratio_target
 
 PLOTS = {
@@ -29,6 +29,7 @@ SERVER_NAMES = {
     "triton:no-queue-policy": "Triton, no queue policy",
     "triton:no-queue-policy-x1": "Triton, no queue policy, 1 instance of every model",
     "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
+    "fastapi-x2": "FastAPI + onnxruntime (2 uvicorn workers)",
     "mlserver": "MLServer 1.7.1, adaptive batching",
 }
 
@@ -281,7 +282,7 @@ def _row(label: str, point: dict | None) -> str:
 def _label(point: dict, family: str) -> str:
     server = SERVER_NAMES.get(point["server"], point["server"])
     model = point["model"]
-    if family in ("baselines",) and point["server"] in ("fastapi", "mlserver"):
+    if family in ("baselines",) and point["server"] in BASELINES:
         return f"{server}, c={point['concurrency']}"
     if family == "delay":
         us = next(u for u, srv in DELAY_SERVERS.items() if srv == point["server"])
@@ -494,8 +495,9 @@ def method_sections() -> list[str]:
         "direct classifier path is cheaper than measured here.",
         "- FastAPI + onnxruntime: `bench/fastapi_app.py`, written as FastAPI's docs suggest "
         "(pydantic request model, model loaded in `lifespan`, a plain `def` endpoint run in the "
-        "thread pool), served by uvicorn with one worker (its default). It returns labels and "
-        "probabilities, the work `pipeline` does.",
+        "thread pool), served by uvicorn with one worker (its default; the targets' reference) "
+        "and, for context, two workers (one per core). It returns labels and probabilities, the "
+        "work `pipeline` does.",
         "- MLServer 1.7.1: the custom runtime `bench/mlserver_runtime.py` (MLServer ships no ONNX "
         "runtime) with adaptive batching, `max_batch_size` 64 and `max_batch_time` 100 µs like "
         "Triton's dynamic batcher, default `parallel_workers` (one inference process); average "
@@ -529,6 +531,12 @@ def method_sections() -> list[str]:
         "keep the policy for overload protection and run two instances, so a stall needs both "
         "busy at once; the `classifier-x1`, `all-x1` and `no-queue-policy*` variants measure the "
         "alternatives.",
+        "- CPU by process: user + system time of tritonserver and of each model's stub "
+        "processes over a point's repetitions, divided by the requests answered. Stub profiles: "
+        "py-spy 0.4 (`record --native`, 250 Hz) on every stub of the models a request passes "
+        "through, 16 clients, one repetition's length; py-spy needs to ptrace the stubs (root, "
+        "or the same user with `kernel.yama.ptrace_scope` at most 1; containers need "
+        "`CAP_SYS_PTRACE`), and the report says `not profiled` with the reason otherwise.",
         "- Average batch size: deltas of Triton's `nv_inference_count` / "
         "`nv_inference_exec_count` for `classifier` over the repetitions.",
         "- Server CPU: user + system time of the server's process tree (tritonserver and its "
@@ -598,7 +606,7 @@ def series(results: dict) -> dict[str, list[tuple[int, float, float]]]:
         if point["protocol"] != "http-json":
             continue
         name = SERVER_NAMES.get(point["server"], point["server"])
-        label = name if point["server"] in ("fastapi", "mlserver") else f"{name}: {point['model']}"
+        label = name if point["server"] in BASELINES else f"{name}: {point['model']}"
         s = point["summary"]
         found.setdefault(label, []).append(
             (point["concurrency"], s["rps"]["median"], s["p99_ms"]["median"])

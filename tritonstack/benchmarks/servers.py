@@ -33,7 +33,6 @@ BENCH_DIR = Path(__file__).resolve().parent.parent.parent / "bench"
 REQUIREMENTS = BENCH_DIR / "requirements-baselines.txt"
 MODEL_ONNX = DEFAULT_MODEL_REPOSITORY / "classifier" / "1" / "model.onnx"
 LABELS = DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt"
-BASELINES = ("fastapi", "mlserver")
 
 
 class ProcessTree:
@@ -194,8 +193,8 @@ def _stopper(process: subprocess.Popen, workdir: Path | None = None):
     return stop
 
 
-def start_fastapi(venv: Path, log_path: Path) -> Server:
-    """uvicorn with one worker (its default), access log off as in production."""
+def start_fastapi(venv: Path, log_path: Path, workers: int = 1) -> Server:
+    """uvicorn with one worker (its default) or more, access log off as in production."""
     (port,) = free_ports(1)
     env = dict(os.environ, BENCH_MODEL_ONNX=str(MODEL_ONNX), BENCH_LABELS=str(LABELS))
     command = [
@@ -208,7 +207,7 @@ def start_fastapi(venv: Path, log_path: Path) -> Server:
         "--port",
         str(port),
         "--workers",
-        "1",
+        str(workers),
         "--no-access-log",
         "--log-level",
         "warning",
@@ -222,7 +221,8 @@ def start_fastapi(venv: Path, log_path: Path) -> Server:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    server = Server("fastapi", f"127.0.0.1:{port}", None, None, process.pid, _stopper(process))
+    name = "fastapi" if workers == 1 else f"fastapi-x{workers}"
+    server = Server(name, f"127.0.0.1:{port}", None, None, process.pid, _stopper(process))
     try:
         _wait_http(f"http://127.0.0.1:{port}/v2/health/ready", process, 60, log_path)
     except BaseException:
