@@ -11,7 +11,10 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import require_tool
+from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.benchmarks.loadgen import Generator, Target
+from tritonstack.benchmarks.servers import start_triton
+from tritonstack.benchmarks.variants import write_variant
 from tritonstack.metrics import model_value, scrape
 
 pytestmark = pytest.mark.integration
@@ -55,10 +58,6 @@ def test_a_queue_policy_costs_500_ms_stalls_with_one_instance(tmp_path):
     fixes this, this test fails, and the instance counts (and docs/operations.md) can be revisited.
     """
     require_tool("wrk")
-    from tritonstack import DEFAULT_MODEL_REPOSITORY
-    from tritonstack.benchmarks.servers import start_triton
-    from tritonstack.benchmarks.variants import write_variant
-
     generator = Generator(tmp_path / "load")
     results = {}
     for variant in ("all-x1", "no-queue-policy-x1"):

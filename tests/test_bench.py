@@ -319,7 +319,6 @@ def test_py_spy_raw_samples_split_into_model_code_and_backend(tmp_path):
     profile, lines = StubProfile("postprocess"), Counter()
     parse_raw(raw, profile, lines)
     assert (profile.samples, profile.in_model_code) == (100, 40)
-    assert profile.model_code_share == 0.4
     assert lines == {(str(model), 57): 30, (str(model), 62): 10}
 
 

@@ -38,10 +38,6 @@ class StubProfile:
     #: innermost model-file line of those samples: (file:line, source text, samples), top first
     top_lines: list[tuple[str, str, int]] = field(default_factory=list)
 
-    @property
-    def model_code_share(self) -> float | None:
-        return self.in_model_code / self.samples if self.samples else None
-
 
 def py_spy_path() -> str | None:
     beside = Path(sys.executable).with_name("py-spy")
