@@ -450,10 +450,11 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
         for p in results["points"]
         if p["key"] in {f"triton:default|{m}|http-json|c16" for m in PROFILED}
     }
-    assert set(by_process["classifier"]) == {"tritonserver", "classifier"}
-    assert {"tritonserver", "classifier", "postprocess"} <= set(by_process["pipeline"])
-    assert {"tritonserver", "classifier", "classify"} <= set(by_process["classify"])
-    assert all(us > 0 for costs in by_process.values() for us in costs.values())
+    # Stubs the request never reaches may idle a little (under explain.IDLE_US); those it
+    # passes through cost far more.
+    for sent, stubs in PROFILED.items():
+        busy = {role for role, us in by_process[sent].items() if us >= explain.IDLE_US}
+        assert busy == {"tritonserver", *stubs}, (sent, by_process[sent])
     # py-spy sampled every stub under load and found both the model's code and the backend's.
     for sent, stubs in PROFILED.items():
         profiles = results["profiles"][sent]

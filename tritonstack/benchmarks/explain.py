@@ -12,6 +12,8 @@ from __future__ import annotations
 from tritonstack.benchmarks.scenarios import TRITON
 
 JSON = "http-json"
+#: Below this many µs per request a process only idled (a stub the request never reached).
+IDLE_US = 0.5
 STUBS = ("classifier", "postprocess", "classify")
 #: (label, server, model, concurrency) of the rows in the CPU table: the targets' points.
 CPU_ROWS = (
@@ -60,7 +62,8 @@ def cpu_table(results: dict) -> str:
             continue
         # a stub the request never reached still burns a little CPU idling: shown blank
         cells = [
-            f"{costs[k]:.0f}" if costs.get(k, 0) >= 0.5 else "" for k in ("tritonserver", *STUBS)
+            f"{costs[k]:.0f}" if costs.get(k, 0) >= IDLE_US else ""
+            for k in ("tritonserver", *STUBS)
         ]
         if server.startswith("fastapi"):
             cells = ["", "", "", ""]  # one uvicorn process: only the total is meaningful
