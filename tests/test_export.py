@@ -25,9 +25,18 @@ def predict(model: Path | bytes, features: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """Two independent exports, as two users running the command would get."""
+    """Two independent exports: one in-process, one by the command a user runs (its output is
+    kept for the progress test; one training fewer keeps `make test-unit` quick)."""
     first, second = tmp_path_factory.mktemp("first"), tmp_path_factory.mktemp("second")
-    return export(first, log=lambda _: None), first, export(second, log=lambda _: None), second
+    result = export(first, log=lambda _: None)
+    command = subprocess.run(
+        [sys.executable, "-m", "tritonstack.cli", "export", "--model-repository", str(second)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return result, first, command.stdout, second
 
 
 def test_two_exports_give_identical_predictions(exported):
@@ -100,13 +109,7 @@ def test_the_drift_tolerance_still_catches_a_one_weight_edit():
     assert np.abs(edited - committed).max() > 10 * CROSS_CPU_TOLERANCE
 
 
-def test_export_cli_shows_progress(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "tritonstack.cli", "export", "--model-repository", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert [line[:5] for line in result.stdout.splitlines()] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
-    assert (tmp_path / "classifier/1/model.onnx").is_file()
+def test_export_cli_shows_progress(exported):
+    _, _, output, second = exported
+    assert [line[:5] for line in output.splitlines()] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert (second / "classifier/1/model.onnx").is_file()
