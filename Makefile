@@ -4,10 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help venv lint format test check serve clean
+.PHONY: help venv lint format test test-unit check serve clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 venv: $(VENV)/.installed ## create .venv with the package and its test extras
 
@@ -26,8 +26,11 @@ format: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: lint ## lint, then every test (starts the real tritonserver on CPU)
+test: lint ## lint, then every test (starts the real tritonserver on CPU); what CI runs
 	$(BIN)/pytest
+
+test-unit: venv ## the tests that start no server (-m "not integration"), in under a minute
+	$(BIN)/pytest -m "not integration"
 
 check: venv ## validate model_repository/ against Triton's schema and the ONNX file
 	$(BIN)/tritonstack check

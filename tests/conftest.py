@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,94 @@ from tritonstack.runtime import EmbeddedTriton, free_ports
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+#: Programs that serve or generate load: a test that starts one needs the `integration` marker,
+#: so that `make test-unit` (-m "not integration") stays fast and needs no server.
+SERVER_PROGRAMS = frozenset(
+    {
+        "tritonserver",
+        "prometheus",
+        "prometheus-blackbox-exporter",
+        "haproxy",
+        "wrk",
+        "locust",
+        "uvicorn",
+        "mlserver",
+    }
+)
+#: `tritonstack` subcommands that do nothing but start servers. (bench, loadtest and soak start
+#: them in-process, where the programs above are seen; their argument errors start nothing.)
+SERVING_SUBCOMMANDS = frozenset({"serve", "up"})
+#: Arguments that make a server program print or check something and exit without serving.
+NOT_SERVING = frozenset({"--help", "-h", "--version", "--config.check"})
+#: Server-starting commands each unmarked test ran: {test id: [program]}, filled by the audit hook.
+_unmarked_spawns: dict[str, list[str]] = {}
+_running_unmarked: list[str] = []
+
+
+def server_command(args: Sequence[object]) -> str | None:
+    """The server or load generator a command line starts, if any (`python -m x` included)."""
+    words = [os.path.basename(os.fsdecode(a)) if isinstance(a, (str, bytes, os.PathLike))
+             else str(a) for a in args]  # fmt: skip
+    if words[:1] and words[0].startswith("python") and words[1:2] == ["-m"]:
+        words = words[2:]
+    if not words or NOT_SERVING & set(words):
+        return None
+    program = words[0].split(".")[0]
+    if program in SERVER_PROGRAMS:
+        return program
+    if program == "tritonstack" and len(words) > 1 and words[1] in SERVING_SUBCOMMANDS:
+        return f"tritonstack {words[1]}"
+    return None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "subprocess.Popen" and _running_unmarked:
+        executable, command = args[0], args[1]
+        if isinstance(command, (str, bytes)):
+            command = shlex.split(os.fsdecode(command))
+        found = server_command(list(command) or [executable])
+        if found:
+            _unmarked_spawns.setdefault(_running_unmarked[-1], []).append(found)
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of a test without the `integration` marker: watch what it starts."""
+    _running_unmarked.clear()
+    if item.get_closest_marker("integration") is None:
+        _running_unmarked.append(item.nodeid)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_server(request):
+    """A test without the `integration` marker fails if it (or a fixture) starts a server."""
+    yield
+    _running_unmarked.clear()
+    started = _unmarked_spawns.pop(request.node.nodeid, [])
+    if started:
+        pytest.fail(
+            f"{request.node.nodeid} starts {sorted(set(started))} but is not marked "
+            "@pytest.mark.integration: `make test-unit` would run it"
+        )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the shared server must carry the `integration` marker (caught early)."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "triton" in getattr(item, "fixturenames", ())
+        and item.get_closest_marker("integration") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests using the `triton` fixture need @pytest.mark.integration: " + ", ".join(unmarked)
+        )
 
 
 def require_tool(name: str) -> str:

@@ -48,29 +48,47 @@ def test_concurrent_requests_are_batched(triton, tmp_path):
     assert executions < inferences / 2, f"{executions} executions for {inferences} inferences"
 
 
+#: A request slower than this waited out most of the batcher's 500 ms idle timeout: a stall.
+STALL_MS = 400
+#: A stall starts only when a request arrives in a short race window, so one 3 s window may show
+#: none (measured on 2 shared cores: 3 of 4 windows showed one, and some runs' single window
+#: none): the stalled variant gets up to this many windows to show one.
+MAX_WINDOWS = 5
+
+
 @pytest.mark.timeout(300)
 def test_a_queue_policy_costs_500_ms_stalls_with_one_instance(tmp_path):
     """Pins the upstream behaviour behind the committed second instance (Triton 2.51).
 
     A queue policy turns off the dynamic batcher's payload prefetching, and on that path the
     batcher is not woken when its only instance frees up: requests that arrived meanwhile wait
-    for its 500 ms idle timeout. Same repository without the policy: no stall. When an upgrade
-    fixes this, this test fails, and the instance counts (and docs/operations.md) can be revisited.
+    for its 500 ms idle timeout. Same repository without the policy: no stall in as many windows.
+    When an upgrade fixes this, this test fails, and the instance counts (and docs/operations.md)
+    can be revisited. The verdict is the stall's signature (a p99 near 500 ms), not throughput,
+    which on a shared machine depends on everything else running.
     """
     require_tool("wrk")
     generator = Generator(tmp_path / "load")
-    results = {}
-    for variant in ("all-x1", "no-queue-policy-x1"):
+
+    def windows(variant: str, most: int, until_stall: bool) -> list:
         repository = write_variant(DEFAULT_MODEL_REPOSITORY, tmp_path / variant, variant)
         server = start_triton(repository, tmp_path / f"{variant}.log", variant)
+        results = []
         try:
             target = Target("http-json", server.url("http-json", "classifier"), "classifier")
             generator.run(target, 16, 1)  # warm-up
-            results[variant] = generator.run(target, 16, SECONDS)
+            while len(results) < most:
+                results.append(generator.run(target, 16, SECONDS))
+                if until_stall and results[-1].p99_ms >= STALL_MS:
+                    break
         finally:
             server.stop()
-    stalled, free = results["all-x1"], results["no-queue-policy-x1"]
-    assert stalled.errors == free.errors == 0
-    assert stalled.p99_ms >= 400, stalled  # requests waited out the 500 ms idle timeout
-    assert free.p99_ms < 100, free
-    assert free.requests > 5 * stalled.requests, (stalled, free)
+        return results
+
+    stalled = windows("all-x1", MAX_WINDOWS, until_stall=True)
+    free = windows("no-queue-policy-x1", max(len(stalled), 2), until_stall=False)
+    print(f"\np99 ms with the queue policy: {[round(r.p99_ms) for r in stalled]}, "
+          f"without: {[round(r.p99_ms) for r in free]}")  # fmt: skip
+    assert all(r.errors == 0 for r in stalled + free), (stalled, free)
+    assert stalled[-1].p99_ms >= STALL_MS, stalled  # requests waited out the idle timeout
+    assert all(r.p99_ms < STALL_MS for r in free), free

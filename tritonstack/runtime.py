@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import filecmp
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
+import psutil
+
 from tritonstack.errors import UserError
 from tritonstack.repository import Model, iter_models
 
@@ -40,6 +43,8 @@ SHM_DIR = Path("/dev/shm")
 CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "unable to create stream")
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backends"
 SHARED_FLAGS = Path(__file__).resolve().parent.parent / "scripts" / "tritonserver.flags"
+#: The Python backend's per-instance process (also what runs the Python-based onnxruntime backend).
+STUB_EXECUTABLE = "triton_python_backend_stub"
 
 
 def pytriton_root() -> Path:
@@ -80,9 +85,18 @@ def load_admin_key() -> str:
     path = base / "admin-key"
     if not path.exists():
         base.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # Written aside, then linked into place: a process starting at the same moment on a
+        # fresh machine finds either no key or a complete one, never an empty file.
+        draft = base / f".admin-key.{uuid.uuid4().hex}"
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_urlsafe(32) + "\n")
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass  # another process linked its key first; that one is the key
+        finally:
+            draft.unlink()
     return path.read_text().strip()
 
 
@@ -114,7 +128,7 @@ def prepare_backends(cache_dir: Path) -> Path:
     """Assemble `<cache>/backends-<pytriton>-py<X.Y>/{python,onnxruntime}` and return its path."""
     root = pytriton_root()
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = root / "python_backend_stubs" / py / "triton_python_backend_stub"
+    stub = root / "python_backend_stubs" / py / STUB_EXECUTABLE
     if not stub.is_file():
         raise UserError(
             f"nvidia-pytriton has no Python backend stub for Python {py}; use 3.10-3.13"
@@ -123,10 +137,22 @@ def prepare_backends(cache_dir: Path) -> Path:
     python_backend = root / "backends" / "python"
     for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
         _sync_file(python_backend / name, backends / "python" / name)
-    _sync_file(stub, backends / "python" / "triton_python_backend_stub")
+    _sync_file(stub, backends / "python" / STUB_EXECUTABLE)
     for source in sorted(BACKEND_SOURCES.glob("*/model.py")):
         _sync_file(source, backends / source.parent.name / "model.py")
     return backends
+
+
+def stub_instance(process: psutil.Process) -> str:
+    """The model instance a stub serves (`postprocess_0_1`), from its command line.
+
+    The stub's first argument is `<repository>/<model>/<version>/<file>`; a later one is the
+    instance name, `<model>_<group>_<index>`.
+    """
+    command = process.cmdline()
+    model = Path(command[1]).parents[1].name if len(command) > 1 else "?"
+    pattern = re.compile(rf"{re.escape(model)}_\d+_\d+")
+    return next((a for a in command[2:] if pattern.fullmatch(a)), f"{model} (pid {process.pid})")
 
 
 def cpu_models(repository: Path) -> tuple[list[Model], list[Model]]:
@@ -156,6 +182,8 @@ class EmbeddedTriton:
     extra_args: Sequence[str] = ()
     process: subprocess.Popen | None = field(default=None, init=False)
     served: list[str] = field(default_factory=list, init=False)
+    #: The Python stubs of a ready server, by model instance: the processes dead_stubs() watches.
+    stubs: dict[str, psutil.Process] = field(default_factory=dict, init=False)
     skipped: list[str] = field(default_factory=list, init=False)
     shm_prefix: str = field(default_factory=lambda: f"tritonstack_{uuid.uuid4().hex[:12]}_")
     admin_key: str = field(default_factory=load_admin_key, repr=False)
@@ -246,7 +274,35 @@ class EmbeddedTriton:
         except BaseException:
             self.stop()
             raise
+        self.stubs = self._find_stubs()
         return self
+
+    def _find_stubs(self) -> dict[str, psutil.Process]:
+        """Every model instance's stub, once all models are ready (so every stub has started)."""
+        stubs = {}
+        for child in psutil.Process(self.process.pid).children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if child.name() == STUB_EXECUTABLE and child.status() != psutil.STATUS_ZOMBIE:
+                    stubs[stub_instance(child)] = child
+        return stubs
+
+    def dead_stubs(self) -> list[str]:
+        """Model instances whose stub has exited since the server became ready.
+
+        Triton 2.51 neither restarts such a stub nor reports the model unready; every request
+        that the batcher hands to that instance fails. The stub is tritonserver's child, so a
+        killed one stays a zombie until the server exits: both count as dead. A pid reused by
+        another process does not fool psutil, which compares creation times.
+        """
+        dead = []
+        for instance, process in self.stubs.items():
+            try:
+                alive = process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            if not alive:
+                dead.append(instance)
+        return dead
 
     def _wait_ready(self, timeout: float) -> None:
         import tritonclient.http as httpclient
@@ -293,6 +349,7 @@ class EmbeddedTriton:
         case a stub outlived it, and this server's shared-memory regions are removed.
         """
         code = None
+        self.stubs = {}
         if self.process is not None:
             if self.process.poll() is None:
                 self.process.send_signal(signal.SIGTERM)

@@ -1,15 +1,28 @@
-"""Keep the embedded Triton serving: a deep health probe, and a restart when it fails.
+"""Keep the embedded Triton serving: watch the stubs, probe deeply, restart what is dead.
 
 Why not `/v2/health/ready`: when a Python stub dies (OOM killer, a segfault in a native library,
-kill -9), Triton 2.51 keeps reporting the server *and the model* ready while every request
-through that model fails with "Stub process ... is not healthy", and since r24.06 the stub is
-not restarted. Only a real inference through the whole `pipeline` (classifier + postprocess)
-notices. After `failures_to_restart` consecutive failed probes, or as soon as tritonserver
-itself exits, the supervisor restarts the server, which restarts every stub.
+kill -9), Triton 2.51 keeps reporting the server *and the model* ready while every request that
+reaches that instance fails with "Stub process '<instance>' is not healthy", and since r24.06 the
+stub is not restarted. With two instances per model the other instance keeps answering, so a
+probe that happens to reach only the live one passes: a probe alone detects a dead stub by luck.
+
+So each check, every `interval` seconds, looks in order at:
+1. tritonserver itself: exited means dead;
+2. the stubs recorded when the server became ready (`EmbeddedTriton.dead_stubs`): one that
+   exited is dead, whichever instance requests happen to reach;
+3. a real inference through `pipeline` (classifier + postprocess), for what processes cannot
+   show: wrong or missing answers, a hung server. Its failure reason is classified
+   (`classify_failure`): Triton's "Stub process ... is not healthy" is dead; a 503 (queue full,
+   queue timeout) means the server is alive and shedding load, which a restart would only make
+   worse, so it is not a failure; anything else counts, and `failures_to_restart` consecutive
+   ones restart the server.
+Dead restarts the server at once, which restarts every stub.
 """
 
 from __future__ import annotations
 
+import enum
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -23,13 +36,37 @@ from tritonstack.runtime import EmbeddedTriton
 PROBE_MODEL = "pipeline"
 
 
+class Failure(enum.Enum):
+    """What a failed check means for the server."""
+
+    DEAD = "dead"  # certain: the server or one of its stubs is gone; restart now
+    BUSY = "busy"  # the server answered 503: alive and shedding load; not a failure
+    BROKEN = "broken"  # a wrong answer, an error or no answer; restart if it persists
+
+
+#: Triton's words for a request handed to an instance whose stub has exited (Python backend).
+DEAD_STUB = re.compile(r"Stub process '[^']*' is not healthy")
+#: Triton's answers when a model's queue is full or a request waited out its queue timeout.
+BUSY_ANSWERS = ("[503]", "Exceeds maximum queue size", "Request timeout expired")
+
+
+def classify_failure(reason: str) -> Failure:
+    """What a deep probe's failure reason says about the server."""
+    if DEAD_STUB.search(reason):
+        return Failure.DEAD
+    if any(answer in reason for answer in BUSY_ANSWERS):
+        return Failure.BUSY
+    return Failure.BROKEN
+
+
 def deep_probe(
     http_url: str, timeout: float = 2.0, model: str = PROBE_MODEL, repeat: int = 4
 ) -> str | None:
     """Run `repeat` real 1-row inferences; None when all answered a label, else the reason.
 
-    Several requests, because the models run two instances each: with one instance's stub dead,
-    Triton hands requests to the instances in turn and only every other one fails.
+    Several requests, because the models run two instances each: one of them reaching an
+    instance whose stub is dead answers Triton's unambiguous error. Whether any does is luck,
+    which is why the supervisor also watches the stub processes themselves.
     """
     import tritonclient.http as httpclient
 
@@ -54,6 +91,25 @@ def deep_probe(
         return " ".join(str(exc).split())[:300]
     finally:
         client.close()
+
+
+@dataclass
+class Streak:
+    """Consecutive failed checks, and whether they call for a restart."""
+
+    needed: int
+    count: int = 0
+    started: float = 0.0
+
+    def record(self, kind: Failure | None) -> bool:
+        """Count one check (None: healthy); True when the server must be restarted now."""
+        if kind is None or kind is Failure.BUSY:
+            self.count = 0  # an answer, even a 503, shows the server is alive
+            return False
+        self.count += 1
+        if self.count == 1:
+            self.started = time.monotonic()
+        return kind is Failure.DEAD or self.count >= self.needed
 
 
 @dataclass
@@ -86,43 +142,57 @@ class Supervisor:
     restarts: list[Restart] = field(default_factory=list)
     failed: str | None = None
 
-    def watch(self, stop: threading.Event) -> None:
-        """Probe every `interval` seconds until `stop` is set; restart on failure."""
-        failures = 0
-        first_failure = 0.0
-        while not stop.wait(self.interval):
-            exited = self.server.process is not None and self.server.process.poll() is not None
-            if exited:
-                reason = f"tritonserver exited with code {self.server.process.returncode}"
-            else:
-                reason = deep_probe(self.server.http_url, self.probe_timeout)
-            if reason is None:
-                failures = 0
-                continue
-            failures += 1
-            if failures == 1:
-                first_failure = time.monotonic()
-            self.log(f"deep probe failed ({failures}/{self.failures_to_restart}): {reason}")
-            if exited or failures >= self.failures_to_restart:
-                if stop.is_set():
-                    return
-                try:
-                    self._restart(reason, first_failure)
-                except UserError as exc:
-                    self.failed = f"restart failed: {exc}"
-                    self.log(self.failed)
-                    stop.set()
-                    return
-                failures = 0
+    def check(self) -> tuple[Failure, str] | None:
+        """One look at the server: None when healthy, else what failed and why."""
+        process = self.server.process
+        if process is not None and process.poll() is not None:
+            return Failure.DEAD, f"tritonserver exited with code {process.returncode}"
+        dead = self.server.dead_stubs()
+        if dead:
+            return Failure.DEAD, f"Python stub exited: {', '.join(dead)}"
+        reason = deep_probe(self.server.http_url, self.probe_timeout)
+        return None if reason is None else (classify_failure(reason), reason)
 
-    def _restart(self, reason: str, first_failure: float) -> None:
+    def watch(self, stop: threading.Event) -> None:
+        """Check every `interval` seconds until `stop` is set; restart what is dead or broken."""
+        streak = Streak(self.failures_to_restart)
+        busy = False
+        while not stop.wait(self.interval):
+            found = self.check()
+            kind, reason = found if found is not None else (None, "")
+            restart = streak.record(kind)
+            if kind is Failure.BUSY and not busy:  # once per busy spell, not every second
+                self.log(f"deep probe: busy, not counted as a failure: {reason}")
+            busy = kind is Failure.BUSY
+            if kind is Failure.DEAD:
+                self.log(f"dead: {reason}")
+            elif kind is Failure.BROKEN:
+                self.log(f"deep probe failed ({streak.count}/{streak.needed}): {reason}")
+            if not restart:
+                continue
+            if stop.is_set():
+                return
+            try:
+                self._restart(reason, streak.started, streak.count)
+            except UserError as exc:
+                self.failed = f"restart failed: {exc}"
+                self.log(self.failed)
+                stop.set()
+                return
+            streak.count = 0
+
+    def _restart(self, reason: str, first_failure: float, failed_checks: int = 1) -> None:
         detected = time.monotonic()
         self.log("restarting Triton")
         self.server.stop(grace=self.stop_grace)
         self.server.start(timeout=self.start_timeout)
         restart = Restart(reason, first_failure, detected, time.monotonic())
         self.restarts.append(restart)
-        self.log(
-            f"recovered: detected in {restart.detect_seconds:.1f} s, "
-            f"serving again {restart.recover_seconds:.1f} s later"
+        # A dead server or stub is found by the first check that looks at it; only a streak of
+        # failed checks has a detection time worth reporting.
+        streak = (
+            f"{failed_checks} failed checks over {restart.detect_seconds:.1f} s, "
+            if failed_checks > 1
+            else ""
         )
+        self.log(f"recovered: {streak}serving again {restart.recover_seconds:.1f} s later")
