@@ -481,6 +481,106 @@ def test_healthcheck_fails_on_a_broken_model_or_server(triton) -> None:
     assert down.returncode == 1 and "unhealthy: pipeline: no answer from" in down.stderr
 
 
+class FakeBusyTriton:
+    """A stand-in for a Triton under load, which this machine cannot hold steadily enough to
+    test against: it answers every request with `status` and `body`, after `delay` seconds."""
+
+    def __init__(self, status: int, body: str, delay: float = 0.0) -> None:
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.requests += 1
+                threading.Event().wait(delay)
+                payload = json.dumps({"error": body}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.requests = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> FakeBusyTriton:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_healthcheck_passes_a_busy_server() -> None:
+    """Load shedding is not death: a 503 from the queue limit, or no answer within the timeout
+    under load, passes (with a `busy:` line), so neither Docker's healthcheck nor the watchdog
+    restarts a server for being loaded. The old probe failed on both."""
+    full = "Exceeds maximum queue size"
+    with FakeBusyTriton(503, full) as server:
+        result = healthcheck("--url", server.url, "--model", "pipeline", "--model", "classify")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == [
+            f"busy: pipeline: HTTP 503: {json.dumps({'error': full})}",
+            f"busy: classify: HTTP 503: {json.dumps({'error': full})}",
+        ]
+        assert server.requests == 2  # one busy answer is enough to know; no hammering
+    with FakeBusyTriton(200, "", delay=2.0) as server:
+        slow = healthcheck("--url", server.url, "--timeout", "0.3")
+        assert slow.returncode == 0, slow.stderr
+        assert slow.stdout.startswith("busy: pipeline: no answer within 0.3 s")
+
+
+def test_healthcheck_fails_a_dead_stub_even_behind_a_503() -> None:
+    """UNAVAILABLE that names a dead stub is death, whatever the status code."""
+    dead = "Stub process 'postprocess_0_0' is not healthy."
+    with FakeBusyTriton(503, dead) as server:
+        result = healthcheck("--url", server.url)
+    assert result.returncode == 1
+    assert f"unhealthy: pipeline: HTTP 503: {json.dumps({'error': dead})}" in result.stderr
+
+
+@pytest.mark.integration
+def test_healthcheck_fails_when_a_stub_is_killed(tmp_path: Path) -> None:
+    """On the real Triton 2.51: kill -9 of postprocess's stubs, and the probe says unhealthy with
+    Triton's own message while /v2/health/ready still answers 200 (what 2.51 does)."""
+    import urllib.request
+
+    import psutil
+
+    from tests.conftest import free_ports
+    from tritonstack.runtime import EmbeddedTriton
+
+    http, grpc, metrics = free_ports(3)
+    server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=tmp_path / "triton.log")
+    with server:
+        assert healthcheck("--url", server.http_url).returncode == 0
+        stubs = [
+            child
+            for child in psutil.Process(server.process.pid).children(recursive=True)
+            if child.name() == "triton_python_backend_stub"
+            and "/postprocess/" in " ".join(child.cmdline())
+        ]
+        assert stubs
+        for stub in stubs:
+            stub.kill()
+        psutil.wait_procs(stubs, timeout=10)
+        result = healthcheck("--url", server.http_url, "--timeout", "10")
+        ready = urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5)
+    assert result.returncode == 1, result.stdout
+    assert "unhealthy: pipeline: HTTP " in result.stderr
+    assert "is not healthy" in result.stderr
+    assert ready.status == 200  # pins the Triton 2.51 behaviour the deep probe exists for
+
+
 def test_model_repository_is_read_only_for_the_server(gpu: dict) -> None:
     """docs/security.md: the server user cannot change what it serves. The repository is copied
     as root before `USER triton-server` (no --chown), and the development mount is :ro."""
