@@ -116,12 +116,19 @@ def embeddings(rows: int, rng: np.random.Generator) -> np.ndarray:
     return rng.standard_normal((rows, 128)).astype(np.float32)
 
 
-def grpc_target(options) -> str:
-    """`--grpc-host`, or the HTTP host's name with Triton's gRPC port 8001."""
+def grpc_target(options, host: str | None) -> str:
+    """`--grpc-host`, or the name of `host` (the HTTP target) with `--grpc-port`.
+
+    `host` must be the environment's host, not `options.host`: a master forwards only the
+    locustfile's own options to its workers, so on a worker `options.host` is None while the
+    environment holds the host the master was started with.
+    """
     if options.grpc_host:
         return options.grpc_host.removeprefix("grpc://")
-    host = urlsplit(options.host if "://" in options.host else f"http://{options.host}")
-    return f"{host.hostname}:8001"
+    if not host:
+        raise ValueError("no target host: start Locust with --host (or set it in the web UI)")
+    name = urlsplit(host if "://" in host else f"http://{host}").hostname
+    return f"{name}:{options.grpc_port}"
 
 
 class TritonUser(User):
@@ -280,7 +287,7 @@ class GrpcUser(TritonUser):
     user_type = "grpc"
 
     def on_start(self) -> None:
-        self.target = grpc_target(self.environment.parsed_options)
+        self.target = grpc_target(self.environment.parsed_options, self.environment.host)
         self.grpc = GeventSafeGrpcClient(url=self.target)
         super().on_start()
 
