@@ -28,6 +28,9 @@ CASES = [("http_json", "pipeline"), ("http_binary", "classify"), ("grpc", "class
 #: What each user type reports as Locust's request type.
 REQUEST_TYPES = {"http_json": "POST", "http_binary": "POST", "grpc": "gRPC"}
 RUN_S = 5
+# Integration: the session's tritonserver. The first test also builds the virtualenv from PyPI
+# (about 30 s here, more on a cold CI cache), hence a limit above the suite's 300 s.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +64,6 @@ def test_locust_versions_agree(image_python: Path) -> None:
     assert result.stdout.split()[:2] == tests_locust.stdout.split()[:2]
 
 
-@pytest.mark.timeout(240)
 @pytest.mark.parametrize(("user_type", "model"), CASES)
 def test_master_and_worker(triton, image_python: Path, tmp_path: Path, user_type, model) -> None:
     (master_port,) = free_ports(1)

@@ -26,6 +26,7 @@ from tests.conftest import ROOT
 
 SCRIPT = ROOT / "bench" / "perf_analyzer.sh"
 MODELS = ("classifier", "pipeline", "classify")
+pytestmark = pytest.mark.integration
 
 
 def fake_perf_analyzer(bin_dir: Path, record: Path) -> None:
