@@ -4,7 +4,8 @@ Every user sends `features` FP32 [rows, 128] to one model and fails the request 
 is right in *content*, not only in status: the expected outputs with the expected shapes, scores
 that are probabilities, labels from the labels file, and (for `pipeline`) the label of the
 highest-scoring class. Options (model, rows, labels file, gRPC address) come from Locust's
-parsed options, so the command line, locust.conf, LOCUST_* variables and the web UI all set them.
+parsed options, so the command line, locust.conf, LOCUST_* variables and the web UI all set them;
+the target host comes from the environment, the only place a worker receives it.
 
 Users wait zero seconds between requests: a closed loop where the number of users is the number
 of requests in flight, which is what drives Triton's dynamic batcher.
