@@ -162,3 +162,15 @@ def test_readme_quotes_the_pinned_versions() -> None:
         name, tag = image.rsplit(":", 1)
         if name.startswith(("prom/", "grafana/", "nvcr.io/")) and not tag.endswith("-sdk"):
             assert tag in readme, image
+
+
+def test_every_cve_in_the_security_table_is_fixed_by_the_pinned_release() -> None:
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    pinned = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-py3$", dockerfile, re.M)
+    section = (ROOT / "docs" / "security.md").read_text().split("## CVEs fixed", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| CVE-")]
+    fixed = [re.fullmatch(r"(\d\d)\.(\d\d)", line.split("|")[4].strip()) for line in rows]
+    assert len(rows) >= 12 and all(fixed), rows
+    assert max((int(m[1]), int(m[2])) for m in fixed) <= (int(pinned[1]), int(pinned[2]))
+    for cve in ("CVE-2025-23310", "CVE-2025-23316", "CVE-2026-24207", "CVE-2026-47627"):
+        assert cve in section  # the critical ones the issue names
