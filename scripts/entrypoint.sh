@@ -328,8 +328,11 @@ args+=(
 # error such as "Stub process ... is not healthy", or a wrong answer. A busy server (503 from the
 # queue limit, a timeout under load) passes: restarting it would only turn load into an outage.
 watchdog() {
-  local server=$1 failures=0 armed=0
+  local server=$1 failures=0 armed=0 parent
   while sleep "$WATCHDOG_INTERVAL"; do
+    # Orphaned (tritonserver, our parent after `exec`, has exited): nothing left to watch.
+    read -r _ _ _ parent _ <"/proc/$BASHPID/stat"
+    ((parent == server)) || return 0
     if bash -c "$WATCHDOG_PROBE" >/dev/null 2>&1; then
       ((armed)) || log "watchdog: deep probe passed; watching every ${WATCHDOG_INTERVAL}s"
       armed=1 failures=0

@@ -586,9 +586,10 @@ def test_healthcheck_fails_on_a_broken_model_or_server(triton) -> None:
 
 class FakeBusyTriton:
     """A stand-in for a Triton under load, which this machine cannot hold steadily enough to
-    test against: it answers every request with `status` and `body`, after `delay` seconds."""
+    test against: after `good` healthy answers (a label), it answers every request with `status`
+    and `body`, after `delay` seconds."""
 
-    def __init__(self, status: int, body: str, delay: float = 0.0) -> None:
+    def __init__(self, status: int, body: str, delay: float = 0.0, good: int = 0) -> None:
         import http.server
         import threading
 
@@ -598,13 +599,20 @@ class FakeBusyTriton:
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.requests += 1
-                threading.Event().wait(delay)
-                payload = json.dumps({"error": body}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                if outer.requests <= good:
+                    answer, code = {"outputs": [{"name": "label", "data": ["relevant"]}]}, 200
+                else:
+                    threading.Event().wait(delay)
+                    answer, code = {"error": body}, status
+                payload = json.dumps(answer).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client timed out first: what the slow case is about
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -491,3 +491,31 @@ def test_watchdog_waits_for_the_first_good_probe(tmp_path: Path) -> None:
         "[entrypoint] watchdog: deep probe failed (3/3)",
     ]
     assert len((tmp_path / "probes").read_text().splitlines()) == 11  # 5 loading + 3 good + 3
+
+
+def test_watchdog_leaves_a_busy_server_alone(tmp_path: Path) -> None:
+    """The real healthcheck as the watchdog's probe: one healthy probe arms it, then the server
+    sheds load (503 on every request). Busy is not dead: tritonserver is never stopped (the old
+    probe counted each 503 and stopped it after two)."""
+    import sys
+
+    from tests.test_compose import HEALTHCHECK, FakeBusyTriton
+
+    labels = REPOSITORY / "postprocess" / "labels.txt"
+    probe = f"{sys.executable} {HEALTHCHECK} --url {{}} --labels {labels}"
+    with FakeBusyTriton(503, "Exceeds maximum queue size", good=4) as busy:
+        env = {
+            "TRITONSTACK_WATCHDOG": "on",
+            "TRITONSTACK_WATCHDOG_INTERVAL": "0.2",
+            "TRITONSTACK_WATCHDOG_FAILURES": "2",
+            "TRITONSTACK_WATCHDOG_PROBE": probe.format(busy.url),
+            "FAKE_TRITONSERVER_WAIT": "1",
+            "FAKE_TRITONSERVER_SECONDS": "5",
+        }
+        run = run_entrypoint(tmp_path, env=env)
+        requests = busy.requests
+    assert "watchdog: deep probe passed" in run.output  # armed by the 4 good answers
+    assert requests >= 4 + 2, requests  # then at least two busy probes
+    assert run.returncode == 3, run.output  # ran its full time: never signalled
+    assert "deep probe failed" not in run.output
+    assert "tritonserver got SIGTERM" not in run.calls
