@@ -6,29 +6,35 @@
 set -euo pipefail
 
 host=${TRITON_HOST:-triton}
+http_port=${TRITON_HTTP_PORT:-8000}
+grpc_port=${TRITON_GRPC_PORT:-8001}
 results=${RESULTS:-/results}
 concurrencies=${CONCURRENCIES:-1 4 8 16 32 64}
 mkdir -p "$results"
-# perf_analyzer reads the statistics API, which the stack keeps behind its admin key (read from
-# the triton-cache volume, mounted read-only). Without the file, it runs without the header.
+# perf_analyzer reads the statistics API before and after every measurement whenever the server
+# lists the extension, and stops when that call fails. The stack keeps the API behind its admin
+# key (read from the secrets volume, mounted read-only). perf_analyzer sends each -H as an HTTP
+# header, and over gRPC as call metadata, where Triton's restricted-protocol check looks for the
+# key under `triton-grpc-protocol-<header>`.
 key_file=${ADMIN_KEY_FILE:-/var/cache/tritonstack/admin-key}
-header=()
-if [[ -r $key_file ]]; then
-  header=(-H "tritonstack-admin-key:$(cat "$key_file")")
+if [[ ! -r $key_file ]]; then
+  echo "perf_analyzer.sh: cannot read the admin key $key_file (set ADMIN_KEY_FILE); perf_analyzer needs it for the statistics API" >&2
+  exit 1
 fi
+key=$(<"$key_file")
+header=tritonstack-admin-key
 
-run() {  # model protocol extra-flags... ; one CSV per model and protocol
+run() {  # model protocol name extra-flags... ; one CSV per model, protocol and concurrency
   local model=$1 protocol=$2 name=$3
   shift 3
-  local port=8000 extra=("${header[@]}")
+  local url=$host:$http_port auth=$header:$key
   if [[ $protocol == grpc ]]; then
-    port=8001
-    extra=()  # HTTP headers only; gRPC needs the key as triton-grpc-protocol-* metadata
+    url=$host:$grpc_port auth=triton-grpc-protocol-$header:$key
   fi
   for c in $concurrencies; do
-    perf_analyzer -m "$model" -i "$protocol" -u "$host:$port" -b 1 --shape features:128 \
+    perf_analyzer -m "$model" -i "$protocol" -u "$url" -H "$auth" -b 1 --shape features:128 \
       --concurrency-range "$c:$c" --measurement-interval 5000 --stability-percentage 10 \
-      --percentile 99 "${extra[@]}" "$@" -f "$results/perf-$model-$name-c$c.csv"
+      --percentile 99 "$@" -f "$results/perf-$model-$name-c$c.csv"
   done
 }
 

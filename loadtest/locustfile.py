@@ -5,7 +5,7 @@
 Options (command line, locust.conf, LOCUST_<NAME> variables, and the web UI's form):
 `--model` classifier | pipeline | classify, `--user-type` http_json | http_binary | grpc,
 `--rows` 1-64 | mix, `--shape` step | spike | soak (empty: constant load), `--grpc-host`
-(default: the --host's name on port 8001), `--labels-file`. Gates (`--max-p99-ms`,
+(default: the --host's name on `--grpc-port`, 8001), `--labels-file`. Gates (`--max-p99-ms`,
 `--max-fail-ratio`) are in gates.py, the Prometheus exporter in exporter.py.
 
 The user type and the shape are options rather than Locust's user-class arguments and one
@@ -59,7 +59,11 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--grpc-host", default="", env_var="LOCUST_GRPC_HOST",
-        help="Triton gRPC host:port (default: the --host's name, port 8001)",
+        help="Triton gRPC host:port (default: the --host's name and --grpc-port)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grpc-port", type=int, default=8001, env_var="LOCUST_GRPC_PORT",
+        help="Triton gRPC port on the --host's machine, when --grpc-host is empty",
     )  # fmt: skip
     parser.add_argument(
         "--labels-file", default=str(DEFAULT_LABELS_FILE), env_var="LOCUST_LABELS_FILE",

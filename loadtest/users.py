@@ -4,7 +4,8 @@ Every user sends `features` FP32 [rows, 128] to one model and fails the request 
 is right in *content*, not only in status: the expected outputs with the expected shapes, scores
 that are probabilities, labels from the labels file, and (for `pipeline`) the label of the
 highest-scoring class. Options (model, rows, labels file, gRPC address) come from Locust's
-parsed options, so the command line, locust.conf, LOCUST_* variables and the web UI all set them.
+parsed options, so the command line, locust.conf, LOCUST_* variables and the web UI all set them;
+the target host comes from the environment, the only place a worker receives it.
 
 Users wait zero seconds between requests: a closed loop where the number of users is the number
 of requests in flight, which is what drives Triton's dynamic batcher.
@@ -116,12 +117,19 @@ def embeddings(rows: int, rng: np.random.Generator) -> np.ndarray:
     return rng.standard_normal((rows, 128)).astype(np.float32)
 
 
-def grpc_target(options) -> str:
-    """`--grpc-host`, or the HTTP host's name with Triton's gRPC port 8001."""
+def grpc_target(options, host: str | None) -> str:
+    """`--grpc-host`, or the name of `host` (the HTTP target) with `--grpc-port`.
+
+    `host` must be the environment's host, not `options.host`: a master forwards only the
+    locustfile's own options to its workers, so on a worker `options.host` is None while the
+    environment holds the host the master was started with.
+    """
     if options.grpc_host:
         return options.grpc_host.removeprefix("grpc://")
-    host = urlsplit(options.host if "://" in options.host else f"http://{options.host}")
-    return f"{host.hostname}:8001"
+    if not host:
+        raise ValueError("no target host: start Locust with --host (or set it in the web UI)")
+    name = urlsplit(host if "://" in host else f"http://{host}").hostname
+    return f"{name}:{options.grpc_port}"
 
 
 class TritonUser(User):
@@ -280,7 +288,7 @@ class GrpcUser(TritonUser):
     user_type = "grpc"
 
     def on_start(self) -> None:
-        self.target = grpc_target(self.environment.parsed_options)
+        self.target = grpc_target(self.environment.parsed_options, self.environment.host)
         self.grpc = GeventSafeGrpcClient(url=self.target)
         super().on_start()
 

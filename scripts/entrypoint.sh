@@ -2,14 +2,17 @@
 # Container entrypoint for Triton (Dockerfile.triton): pick GPU or CPU, prepare a servable view of
 # the read-only model repository, build TensorRT plans on GPU hosts, then `exec tritonserver`.
 #
-# GPU (a GPU answers `nvidia-smi`, or TRITONSTACK_DEVICE=gpu):
+# GPU (a GPU answers `nvidia-smi`, or TRITONSTACK_DEVICE=gpu); the image's release supports
+# compute capability 7.5 and later, and a GPU it cannot use stops the container (never a silent
+# fall back to CPU):
 #   - every model `<name>_trt` with platform "tensorrt_plan" and no committed plan gets one, built
 #     with trtexec from `<name>/1/model.onnx` (min 1 / opt TRT_OPT_BATCH / max max_batch_size rows,
-#     --fp16 when the GPU has fast FP16) and cached in $TRITONSTACK_CACHE under a key made of the
+#     --fp16: every GPU of compute capability 7.5 or later has fast FP16) and cached in $TRITONSTACK_CACHE under a key made of the
 #     GPU name, compute capability, TensorRT version, ONNX file hash and build options: an unchanged
 #     key reuses the plan, a changed key (new GPU, new image, new model) builds a new one;
 #   - tritonserver gets --model-config-name=gpu (configs/gpu.pbtxt where a model has one) and
-#     --allow-gpu-metrics=true; ONNX Runtime's TensorRT engine cache is keyed the same way.
+#     --allow-gpu-metrics=true; ONNX Runtime's TensorRT engine cache is keyed the same way, ONNX
+#     files' hashes included (ONNX Runtime's own cache id hashes names and versions, not weights).
 # CPU (no GPU, or TRITONSTACK_DEVICE=cpu): models that need a GPU (TensorRT plans, KIND_GPU
 #   instances) are left out of the view, as `tritonstack serve` does; `classify` then routes to
 #   `classifier`. --model-control-mode=none stays on: no load API is needed to skip them.
@@ -18,6 +21,8 @@
 # arguments given to this script (compose `command:`) are appended to tritonserver's.
 # Tested outside a container with fake nvidia-smi, trtexec and tritonserver (tests/fakes/).
 set -euo pipefail
+# A failed step inside $(...) (plan=$(tensorrt_plan ...)) must stop the script too.
+shopt -s inherit_errexit
 
 HOME_DIR=${TRITONSTACK_HOME:-/opt/tritonstack}
 REPOSITORY=${MODEL_REPOSITORY:-$HOME_DIR/model_repository}
@@ -27,6 +32,8 @@ VIEW=${TRITONSTACK_VIEW:-${TMPDIR:-/tmp}/tritonstack-repository}
 DEVICE=${TRITONSTACK_DEVICE:-auto}
 OPT_BATCH=${TRT_OPT_BATCH:-16}
 PRECISION=${TRT_PRECISION:-auto}
+# The image's release (26.07) supports compute capability 7.5 (Turing) and later.
+MIN_COMPUTE_CAPABILITY=7.5
 # Shorter than compose's stop_grace_period (30s), so Triton drains in-flight requests and exits
 # before Docker's SIGKILL.
 EXIT_TIMEOUT=${TRITON_EXIT_TIMEOUT_SECS:-20}
@@ -81,13 +88,23 @@ config_inputs() {
 GPU_NAME='' GPU_CC=''
 
 detect_gpu() {
-  local out lines
+  local out lines listed
   command -v nvidia-smi >/dev/null 2>&1 || {
     log "no nvidia-smi in the container: no GPU was handed to it"
     return 1
   }
   if ! out=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>&1); then
-    log "nvidia-smi failed: ${out//$'\n'/ }"
+    # A driver that lists GPUs but cannot report compute_cap (R470 and older) is too old for
+    # this image: stop rather than serve on CPU with a GPU reserved.
+    if listed=$(nvidia-smi -L 2>/dev/null) && [[ $listed == *GPU* ]]; then
+      die "nvidia-smi lists ${listed//$'\n'/; } but cannot report its compute capability" \
+        "(${out//$'\n'/ }): the driver is too old for this image (CUDA 13: driver R580 or" \
+        "later, README prerequisites). Update the driver, or serve on CPU deliberately with" \
+        "TRITONSTACK_DEVICE=cpu (compose.cpu.yml)"
+    fi
+    log "WARNING: nvidia-smi is in the container but failed (${out//$'\n'/ }), so this" \
+      "container serves on CPU. If it was given a GPU, the host's driver is broken;" \
+      "TRITONSTACK_DEVICE=gpu makes this fatal, TRITONSTACK_DEVICE=cpu makes CPU deliberate"
     return 1
   fi
   lines=$(printf '%s\n' "$out" | sed '/^[[:space:]]*$/d' | sort -u)
@@ -102,13 +119,20 @@ detect_gpu() {
   GPU_NAME=${lines%,*}
   GPU_CC=${lines##*,}
   GPU_CC=${GPU_CC//[[:space:]]/}
+  [[ $GPU_CC =~ ^[0-9]+\.[0-9]+$ ]] ||
+    die "nvidia-smi reports compute capability '$GPU_CC' for $GPU_NAME; expected <major>.<minor>"
   log "GPU: $GPU_NAME, compute capability $GPU_CC ($(printf '%s\n' "$out" | wc -l) visible)"
+  if ! cc_at_least "$GPU_CC" "$MIN_COMPUTE_CAPABILITY"; then
+    die "$GPU_NAME has compute capability $GPU_CC; this image's Triton release supports" \
+      "$MIN_COMPUTE_CAPABILITY and later: serve on CPU with TRITONSTACK_DEVICE=cpu" \
+      "(docker compose -f docker-compose.yml -f compose.cpu.yml up) or use a newer GPU"
+  fi
 }
 
-# TensorRT reports fast FP16 on compute capability 5.3, 6.0, 6.2 and 7.0 and later.
-has_fast_fp16() {
-  local major=${GPU_CC%%.*} minor=${GPU_CC#*.}
-  ((major >= 7)) || [[ $major.$minor == 5.3 || $major.$minor == 6.0 || $major.$minor == 6.2 ]]
+# cc_at_least 8.6 7.5: compute capability $1 >= $2.
+cc_at_least() {
+  local major=${1%%.*} minor=${1#*.} min_major=${2%%.*} min_minor=${2#*.}
+  ((major > min_major || (major == min_major && minor >= min_minor)))
 }
 
 # trtexec's banner: "&&&& RUNNING TensorRT.trtexec [TensorRT v100500] # trtexec --help".
@@ -156,7 +180,7 @@ tensorrt_plan() {
   case $PRECISION in
     fp16) build+=(--fp16) ;;
     fp32) ;;
-    auto) if has_fast_fp16; then build+=(--fp16); fi ;;
+    auto) build+=(--fp16) ;; # detect_gpu admits only GPUs with fast FP16 (7.5 and later)
     *) die "TRT_PRECISION=$PRECISION: use auto, fp16 or fp32" ;;
   esac
   key="gpu=$GPU_NAME
@@ -222,9 +246,13 @@ if [[ $DEVICE == gpu ]]; then
   command -v trtexec >/dev/null 2>&1 || die "trtexec not found on PATH (/usr/src/tensorrt/bin)"
   TRT_VERSION=$(tensorrt_version)
   log "TensorRT $TRT_VERSION"
-  # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt: $CACHE/onnxruntime-trt) is not
-  # checked against the GPU or TensorRT version, so it points into a directory keyed by both.
-  ort_dir=onnxruntime-trt-keys/$(slug "$GPU_NAME")-sm${GPU_CC//./}-trt$TRT_VERSION
+  # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt: $CACHE/onnxruntime-trt) is checked
+  # against neither the GPU nor the weights (its id hashes the model's file name, tensor names
+  # and library versions), so it points into a directory keyed by GPU, TensorRT and the hash of
+  # every ONNX file in the repository: new weights get a new engine, never the old one.
+  onnx_key=$(cd "$REPOSITORY" && find . -name '*.onnx' -type f -print0 | sort -z |
+    xargs -0r sha256sum | sha256sum | cut -c1-12)
+  ort_dir=onnxruntime-trt-keys/$(slug "$GPU_NAME")-sm${GPU_CC//./}-trt$TRT_VERSION-onnx$onnx_key
   mkdir -p "$CACHE/$ort_dir"
   ln -sfn "$ort_dir" "$CACHE/onnxruntime-trt"
 fi
@@ -292,13 +320,19 @@ args+=(
   --grpc-restricted-protocol="$RESTRICTED_APIS:tritonstack-admin-key=$key"
 )
 
-# --- watchdog: a dead Python stub leaves Triton "ready"; a real inference notices ----------------
+# --- watchdog: a dead Python stub leaves Triton 2.51 "ready"; a real inference notices ----------
 # Armed by the first successful probe (models have loaded), it sends SIGTERM to tritonserver after
 # WATCHDOG_FAILURES failed probes in a row: the container exits and compose's restart policy
-# starts a new one (Docker does not restart a container that is merely unhealthy).
+# starts a new one (Docker does not restart a container that is merely unhealthy). The probe
+# (healthcheck.py) fails only for a dead server: connection refused, a model that answers an
+# error such as "Stub process ... is not healthy", or a wrong answer. A busy server (503 from the
+# queue limit, a timeout under load) passes: restarting it would only turn load into an outage.
 watchdog() {
-  local server=$1 failures=0 armed=0
+  local server=$1 failures=0 armed=0 parent
   while sleep "$WATCHDOG_INTERVAL"; do
+    # Orphaned (tritonserver, our parent after `exec`, has exited): nothing left to watch.
+    read -r _ _ _ parent _ <"/proc/$BASHPID/stat"
+    ((parent == server)) || return 0
     if bash -c "$WATCHDOG_PROBE" >/dev/null 2>&1; then
       ((armed)) || log "watchdog: deep probe passed; watching every ${WATCHDOG_INTERVAL}s"
       armed=1 failures=0

@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
-"""Container healthcheck for Triton: one real inference per named model, not only readiness.
+"""Container healthcheck for Triton: is the server dead? One real inference per named model.
 
 `/v2/health/ready` stayed 200 while a Python backend stub was dead (Triton before r26.04), so
 this sends one row of features to each model (`pipeline` exercises classifier and postprocess,
 `classify` the BLS model and whichever classifier it routes to) and requires a label that is in
 labels.txt. Each model is called --repeat times (default 4): the models run two instances, and
 with one instance's stub dead only every other request fails, so a single call can pass by luck.
-Exit 0 when all answer; exit 1 with one line per failure otherwise.
+
+Only a dead server fails the check (exit 1, one line per model): no connection (refused, reset),
+an error answer other than load shedding (for example "Stub process ... is not healthy", an
+unknown model), or an answer without a known label. A busy server passes (exit 0, a `busy:`
+line): 503 (the queue limit turning requests away) or no answer within --timeout. Restarting a
+server because it is loaded would turn load into an outage; Docker's healthcheck and the
+entrypoint's watchdog both run this script.
 
 Standard library only: it runs with the tritonserver image's python3 (Dockerfile.triton
 HEALTHCHECK, docker-compose.yml healthcheck) and is tested against the embedded runtime.
@@ -23,6 +29,18 @@ import urllib.request
 from pathlib import Path
 
 DEFAULT_LABELS = Path("/opt/tritonstack/model_repository/postprocess/labels.txt")
+# Triton's answer when a model's queue is full or a request timed out in it (UNAVAILABLE).
+BUSY_STATUSES = {503}
+# An UNAVAILABLE answer that means a dead stub, not load.
+DEAD_STUB = "is not healthy"
+
+
+class Dead(Exception):
+    """The server or model cannot answer, whatever the load."""
+
+
+class Busy(Exception):
+    """The server is alive but shedding load or slower than the timeout."""
 
 
 def infer_label(url: str, model: str, timeout: float) -> str:
@@ -43,13 +61,23 @@ def infer_label(url: str, model: str, timeout: float) -> str:
             answer = json.load(response)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace").strip()
-        raise RuntimeError(f"HTTP {exc.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise RuntimeError(f"no answer from {url}: {getattr(exc, 'reason', exc)}") from None
+        if exc.code in BUSY_STATUSES and DEAD_STUB not in detail:
+            raise Busy(f"HTTP {exc.code}: {detail}") from None
+        raise Dead(f"HTTP {exc.code}: {detail}") from None
+    except TimeoutError as exc:
+        raise Busy(f"no answer within {timeout:g} s from {url}: {exc}") from None
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise Busy(f"no answer within {timeout:g} s from {url}") from None
+        raise Dead(f"no answer from {url}: {exc.reason}") from None
+    except OSError as exc:  # reset or closed mid-answer
+        raise Dead(f"no answer from {url}: {exc}") from None
+    except ValueError as exc:
+        raise Dead(f"an answer that is not JSON: {exc}") from None
     for output in answer.get("outputs", []):
         if output.get("name") == "label" and output.get("data"):
             return str(output["data"][0])
-    raise RuntimeError(f"no label in the answer: {json.dumps(answer)[:200]}")
+    raise Dead(f"no label in the answer: {json.dumps(answer)[:200]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for _ in range(max(args.repeat, 1)):
                 label = infer_label(args.url, model, args.timeout)
-        except RuntimeError as exc:
+                if labels is not None and label not in labels:
+                    raise Dead(f"label {label!r} is not one of {labels}")
+        except Busy as exc:
+            print(f"busy: {model}: {exc}")
+            continue
+        except Dead as exc:
             failures.append(f"unhealthy: {model}: {exc}")
             continue
-        if labels is not None and label not in labels:
-            failures.append(f"unhealthy: {model}: label {label!r} is not one of {labels}")
-        else:
-            print(f"healthy: {model} -> {label}")
+        print(f"healthy: {model} -> {label}")
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0

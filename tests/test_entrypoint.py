@@ -5,7 +5,8 @@ fake_tritonserver on PATH (under their real names): the fakes record every call,
 checks the exact commands the entrypoint would run in the container, the plan cache and its key,
 and the repository view it hands to tritonserver. The real model repository and flags file are
 used. Finally every flag it passes is checked against the real tritonserver's --help (2.51, the
-same release as the container image).
+embedded runtime's release; the container runs a newer one that keeps these flags, see
+docs/versions.md).
 """
 
 from __future__ import annotations
@@ -108,6 +109,15 @@ def plan_key(gpu: str, cc: str, tensorrt: str = "10.5.0", fp16: bool = True) -> 
     )
 
 
+def onnx_key(repository: Path = REPOSITORY) -> str:
+    """What keys ONNX Runtime's engine cache: every ONNX file's SHA-256, as sha256sum lists them."""
+    files = sorted(p.relative_to(repository) for p in repository.rglob("*.onnx"))
+    listing = "".join(
+        f"{hashlib.sha256((repository / f).read_bytes()).hexdigest()}  ./{f}\n" for f in files
+    )
+    return hashlib.sha256(listing.encode()).hexdigest()[:12]
+
+
 def plan_dir(cache: Path, slug: str, key: str) -> Path:
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache / "plans" / "classifier_trt" / f"{slug}-{digest}"
@@ -174,7 +184,7 @@ def test_gpu_builds_the_plan_and_serves_the_gpu_configuration(tmp_path: Path) ->
     assert (trt / "1" / "model.plan").resolve() == plans / "model.plan"
     # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt) points into a keyed directory.
     ort = run.cache / "onnxruntime-trt"
-    assert os.readlink(ort) == "onnxruntime-trt-keys/NVIDIA_A10G-sm86-trt10.5.0"
+    assert os.readlink(ort) == f"onnxruntime-trt-keys/NVIDIA_A10G-sm86-trt10.5.0-onnx{onnx_key()}"
     assert ort.is_dir()
     assert "serving on gpu" in run.output
     assert "classifier_trt: plan built in " in run.output
@@ -223,27 +233,70 @@ def test_changed_key_rebuilds(
 
 
 def test_changed_model_rebuilds(tmp_path: Path) -> None:
+    """New weights under the same names: a new TensorRT plan, and a new directory for ONNX
+    Runtime's engine cache, whose own id (file name, tensor names, versions) would not change."""
     repo = tmp_path / "model_repository"
     subprocess.run(["cp", "-r", str(REPOSITORY), str(repo)], check=True)
     env = {"MODEL_REPOSITORY": str(repo)}
-    assert run_entrypoint(tmp_path, A10G, env=env).returncode == 0
+    first = run_entrypoint(tmp_path, A10G, env=env)
+    assert first.returncode == 0, first.output
+    ort = first.cache / "onnxruntime-trt"
+    old_engines = os.readlink(ort)
+    (ort / "TensorrtExecutionProvider_TRTKernel_graph_main_123.engine").write_text("old weights")
     (repo / "classifier" / "1" / "model.onnx").write_bytes(ONNX.read_bytes() + b"\0")
     second = run_entrypoint(tmp_path, A10G, env=env)
     assert second.returncode == 0, second.output
     assert len(second.tool_calls("trtexec")) == 2  # probe and a new build
     assert "reusing" not in second.output
+    assert os.readlink(ort) != old_engines
+    assert os.readlink(ort).endswith(f"-onnx{onnx_key(repo)}")
+    assert list(ort.iterdir()) == []  # no engine built from the old weights is in reach
 
 
-def test_fp16_only_where_the_gpu_has_fast_fp16(tmp_path: Path) -> None:
-    # Compute capability 6.1 (Pascal consumer cards, Tesla P40) has no fast FP16.
-    run = run_entrypoint(tmp_path, "Tesla P40, 6.1")
+def test_fp16_on_every_supported_gpu_unless_forced_off(tmp_path: Path) -> None:
+    # The image's release supports compute capability 7.5 and later, all with fast FP16.
+    run = run_entrypoint(tmp_path, "Tesla T4, 7.5")
     assert run.returncode == 0, run.output
-    build = run.tool_calls("trtexec")[1]
-    assert "--fp16" not in build.split()
-    key = plan_key("Tesla P40", "6.1", fp16=False)
-    assert (plan_dir(run.cache, "Tesla_P40-sm61-trt10.5.0", key) / "key").is_file()
+    assert "--fp16" in run.tool_calls("trtexec")[1].split()
     forced = run_entrypoint(tmp_path, A10G, env={"TRT_PRECISION": "fp32"})
     assert "--fp16" not in forced.tool_calls("trtexec")[1].split()
+
+
+@pytest.mark.parametrize("device", ["auto", "gpu"])
+def test_gpu_older_than_the_release_supports_is_refused(tmp_path: Path, device: str) -> None:
+    """A Pascal GPU (6.1) with a GPU reserved: stop with the reason, never serve on CPU."""
+    run = run_entrypoint(tmp_path, "Tesla P40, 6.1", env={"TRITONSTACK_DEVICE": device})
+    assert run.returncode == 1
+    assert run.argv is None and run.tool_calls("trtexec") == []
+    assert "Tesla P40 has compute capability 6.1; this image's Triton release supports 7.5" in (
+        run.output
+    )
+    assert "TRITONSTACK_DEVICE=cpu" in run.output
+
+
+def test_r470_driver_without_compute_cap_stops_instead_of_serving_on_cpu(tmp_path: Path) -> None:
+    """R470's nvidia-smi lists the GPU but has no `compute_cap` field: `auto` must not take that
+    for a CPU-only host."""
+    run = run_entrypoint(tmp_path, "Tesla T4, 7.5", env={"FAKE_DRIVER": "470"})
+    assert run.returncode == 1
+    assert run.argv is None
+    assert run.tool_calls("nvidia-smi") == [
+        "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader",
+        "nvidia-smi -L",
+    ]
+    assert "GPU 0: Tesla T4" in run.output and "cannot report its compute capability" in run.output
+    assert 'Field "compute_cap" is not a valid field to query.' in run.output
+    assert "driver R580 or later" in run.output
+
+
+def test_failed_step_inside_the_plan_build_stops_the_container(tmp_path: Path) -> None:
+    """trtexec reports success but leaves no engine: the `mv` inside `plan=$(tensorrt_plan ..)`
+    fails, and that must stop the script (bash ignores errors in $(...) without inherit_errexit)."""
+    run = run_entrypoint(tmp_path, A10G, env={"FAKE_TRTEXEC_NO_ENGINE": "1"})
+    assert run.returncode != 0, run.output
+    assert run.argv is None and run.tool_calls("tritonserver") == []
+    assert "model.plan.tmp" in run.output  # mv's own message names the missing file
+    assert not list(run.cache.glob("plans/*/*/key"))  # no key for a plan that does not exist
 
 
 def test_cpu_host_skips_tensorrt(tmp_path: Path) -> None:
@@ -251,6 +304,7 @@ def test_cpu_host_skips_tensorrt(tmp_path: Path) -> None:
     assert run.returncode == 0, run.output
     assert run.calls == [
         "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader",
+        "nvidia-smi -L",
         "tritonserver " + " ".join(expected_argv(run.view, gpu=False)),
     ]
     assert run.argv == expected_argv(run.view, gpu=False)
@@ -262,6 +316,7 @@ def test_cpu_host_skips_tensorrt(tmp_path: Path) -> None:
     ]
     assert "not served on CPU (GPU only): classifier_trt" in run.output
     assert "couldn't communicate with the NVIDIA driver" in run.output
+    assert "WARNING: nvidia-smi is in the container but failed" in run.output  # loudly
     assert not run.cache.exists()  # nothing built, nothing cached
 
 
@@ -436,3 +491,31 @@ def test_watchdog_waits_for_the_first_good_probe(tmp_path: Path) -> None:
         "[entrypoint] watchdog: deep probe failed (3/3)",
     ]
     assert len((tmp_path / "probes").read_text().splitlines()) == 11  # 5 loading + 3 good + 3
+
+
+def test_watchdog_leaves_a_busy_server_alone(tmp_path: Path) -> None:
+    """The real healthcheck as the watchdog's probe: one healthy probe arms it, then the server
+    sheds load (503 on every request). Busy is not dead: tritonserver is never stopped (the old
+    probe counted each 503 and stopped it after two)."""
+    import sys
+
+    from tests.test_compose import HEALTHCHECK, FakeBusyTriton
+
+    labels = REPOSITORY / "postprocess" / "labels.txt"
+    probe = f"{sys.executable} {HEALTHCHECK} --url {{}} --labels {labels}"
+    with FakeBusyTriton(503, "Exceeds maximum queue size", good=4) as busy:
+        env = {
+            "TRITONSTACK_WATCHDOG": "on",
+            "TRITONSTACK_WATCHDOG_INTERVAL": "0.2",
+            "TRITONSTACK_WATCHDOG_FAILURES": "2",
+            "TRITONSTACK_WATCHDOG_PROBE": probe.format(busy.url),
+            "FAKE_TRITONSERVER_WAIT": "1",
+            "FAKE_TRITONSERVER_SECONDS": "5",
+        }
+        run = run_entrypoint(tmp_path, env=env)
+        requests = busy.requests
+    assert "watchdog: deep probe passed" in run.output  # armed by the 4 good answers
+    assert requests >= 4 + 2, requests  # then at least two busy probes
+    assert run.returncode == 3, run.output  # ran its full time: never signalled
+    assert "deep probe failed" not in run.output
+    assert "tritonserver got SIGTERM" not in run.calls

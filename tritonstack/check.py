@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2
 
 from tritonstack.errors import UserError
@@ -102,6 +103,7 @@ def check_repository(repository: Path) -> list[str]:
         problems.extend(own[name])
         problems.extend(_check_references(model, models, broken, suspect))
     problems.extend(_check_variants(models, broken, suspect, problems))
+    problems.extend(check_schema_skew(repository))
     return problems
 
 
@@ -853,3 +855,55 @@ def _names(names: Iterable[str]) -> str:
 def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, list(candidates), n=1)
     return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+# --- both servers' schemas ------------------------------------------------------------------------
+# Configs are parsed with tritonclient's model_config_pb2, whose schema is the container's
+# (tritonclient 2.73 ships common's model_config.proto, unchanged since release 26.07 = Triton
+# 2.71): a field unknown there is a parse error above. The embedded runtime runs Triton 2.51
+# (release 24.10), which refuses the fields added since; docs/versions.md has the diff.
+FIELDS_NEWER_THAN_EMBEDDED = {
+    "ModelConfig.model_metrics": "26.xx (per-model metric histogram buckets)",
+    "ModelEnsembling.max_inflight_requests": "26.xx (ensemble in-flight limit)",
+}
+EMBEDDED_TRITON = "2.51"
+
+
+def check_schema_skew(repository: Path) -> list[str]:
+    """One message per config (config.pbtxt and configs/*.pbtxt) that sets a field Triton 2.51
+    does not know: the container would serve it, the embedded runtime would refuse to load it."""
+    repository = Path(repository)
+    problems: list[str] = []
+    paths = sorted(repository.glob("*/config.pbtxt")) + sorted(repository.glob("*/configs/*.pbtxt"))
+    for config_path in paths:
+        try:
+            config = parse_config(config_path)
+        except UserError:
+            continue  # the schema check itself reports it
+        for field in sorted(_set_fields(config) & FIELDS_NEWER_THAN_EMBEDDED.keys()):
+            problems.append(
+                f"{_shown(config_path)}: {field} is not in Triton {EMBEDDED_TRITON}'s schema "
+                f"(added in {FIELDS_NEWER_THAN_EMBEDDED[field]}), so the embedded runtime "
+                f"would refuse this config; remove `{field.split('.')[-1]}` so that both "
+                "runtimes serve the same repository"
+            )
+    return problems
+
+
+def _set_fields(message: Message) -> set[str]:
+    """`<MessageType>.<field>` of every field set anywhere in a parsed config."""
+    found: set[str] = set()
+    for field, value in message.ListFields():
+        found.add(f"{message.DESCRIPTOR.name}.{field.name}")
+        if field.message_type is None:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            items = list(value.values())
+        elif field.is_repeated:
+            items = list(value)
+        else:
+            items = [value]
+        for item in items:
+            if isinstance(item, Message):
+                found |= _set_fields(item)
+    return found

@@ -37,17 +37,18 @@ SERVER_NAMES = {
 COMPOSE_BENCH = """\
   perf-analyzer:
     profiles: ["bench"]
-    image: nvcr.io/nvidia/tritonserver:24.10-py3-sdk  # same release as the server (2.51)
+    image: nvcr.io/nvidia/tritonserver:26.07-py3-sdk  # same release as the server (2.71)
     depends_on:
       triton:
         condition: service_healthy
     environment:
       TRITON_HOST: triton
       CONCURRENCIES: ${BENCH_CONCURRENCIES:-1 4 8 16 32 64}
+      ADMIN_KEY_FILE: /run/secrets/tritonstack/admin-key  # for the statistics API
     volumes:
       - ./bench:/bench:ro
       - ./results:/results
-      - triton-cache:/var/cache/tritonstack:ro  # the admin key for the statistics API
+      - secrets:/run/secrets/tritonstack:ro
     command: ["bash", "/bench/perf_analyzer.sh"]
 """
 
