@@ -356,3 +356,106 @@ def parse_keys(path: Path) -> dict[str, str]:
             )
         entries[parts[0]] = parts[1]
     return entries
+
+
+#: Where Triton listens natively when the gateway takes the client ports (loopback only).
+TRITON_HTTP_PORT, TRITON_GRPC_PORT = 18000, 18001
+
+
+def add_arguments(parser) -> None:
+    """The gateway's options, shared by `tritonstack serve` and `tritonstack up`."""
+    group = parser.add_argument_group("gateway (HAProxy in front of Triton)")
+    group.add_argument(
+        "--no-gateway",
+        dest="gateway",
+        action="store_false",
+        help="no gateway: Triton itself listens on --http-port/--grpc-port (loopback only)",
+    )
+    group.add_argument(
+        "--triton-http-port",
+        type=int,
+        default=TRITON_HTTP_PORT,
+        help=f"Triton's own HTTP port behind the gateway (default: {TRITON_HTTP_PORT})",
+    )
+    group.add_argument(
+        "--triton-grpc-port",
+        type=int,
+        default=TRITON_GRPC_PORT,
+        help=f"Triton's own gRPC port behind the gateway (default: {TRITON_GRPC_PORT})",
+    )
+    group.add_argument(
+        "--gateway-metrics-port",
+        type=int,
+        default=METRICS_PORT,
+        help=f"the gateway's Prometheus endpoint (default: {METRICS_PORT})",
+    )
+    group.add_argument(
+        "--api-keys",
+        type=Path,
+        default=None,
+        help="file of `<key> <client name>` lines; required to listen beyond loopback",
+    )
+    group.add_argument(
+        "--tls-cert", type=Path, default=None, help="PEM with certificate chain and key: HTTPS/TLS"
+    )
+    group.add_argument(
+        "--maxconn",
+        type=int,
+        default=MAXCONN,
+        help=f"requests in flight per Triton replica and protocol (default: {MAXCONN})",
+    )
+    group.add_argument("--haproxy-bin", default=None, help="default: haproxy on PATH or /usr/sbin")
+
+
+def triton_ports(args) -> tuple[int, int]:
+    """Where Triton listens: behind the gateway its own ports, else the client ports."""
+    if args.gateway:
+        return args.triton_http_port, args.triton_grpc_port
+    return args.http_port, args.grpc_port
+
+
+def check_arguments(args) -> None:
+    """Refuse before anything starts: a public address needs the gateway and API keys."""
+    if not args.gateway and not is_loopback(args.address):
+        raise UserError(
+            f"refusing to listen on {args.address} without the gateway: Triton alone has no "
+            "API keys; drop --no-gateway and pass --api-keys FILE"
+        )
+    if args.gateway:
+        haproxy_binary(args.haproxy_bin)
+        check_publishing(args.address, args.api_keys)
+        if args.tls_cert is not None and not args.tls_cert.is_file():
+            raise UserError(f"{args.tls_cert}: certificate file not found")
+
+
+def from_arguments(args, triton, log_path: Path | None = None) -> Gateway:
+    return Gateway.for_triton(
+        triton,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.gateway_metrics_port,
+        address=args.address,
+        api_keys=args.api_keys,
+        tls_cert=args.tls_cert,
+        maxconn=args.maxconn,
+        log_path=log_path,
+        haproxy_bin=args.haproxy_bin,
+    )
+
+
+def endpoint_rows(triton, gateway: Gateway | None) -> dict[str, str]:
+    """What `serve` and `up` print: which address is the gateway and which is Triton itself."""
+    if gateway is None:
+        return {
+            "HTTP (Triton, no gateway)": f"http://{triton.http_url}",
+            "gRPC (Triton, no gateway)": triton.grpc_url,
+            "Triton metrics": triton.metrics_url,
+        }
+    return {
+        "HTTP (gateway)": f"{gateway.scheme}://{gateway.http_url}",
+        "gRPC (gateway)": gateway.grpc_url + (" (TLS)" if gateway.tls_cert else ""),
+        "gateway metrics": gateway.metrics_url,
+        "Triton HTTP (direct)": f"http://{triton.http_url}",
+        "Triton gRPC (direct)": triton.grpc_url,
+        "Triton metrics": triton.metrics_url,
+    }
