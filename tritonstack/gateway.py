@@ -298,7 +298,7 @@ class Gateway:
         path = str(Path(self.api_keys).resolve())
         entries = parse_keys(Path(path))
         answer = self.runtime(f"prepare map {path}")
-        version = answer.split("version")[-1].split()[0] if "version" in answer else ""
+        version = answer.strip().rpartition(":")[2].strip()  # "New version created: 3"
         if not version.isdigit():
             raise UserError(f"haproxy refused `prepare map`: {answer.strip()}")
         for key, name in entries.items():
