@@ -41,6 +41,7 @@ class ProcessTree:
 
     def __init__(self, pid: int, *more: int):
         self.roots = [psutil.Process(p) for p in (pid, *more)]
+        self.root = self.roots[0]  # the server proper (tritonserver: its children are the stubs)
 
     def processes(self) -> list[psutil.Process]:
         found = []
