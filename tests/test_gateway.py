@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import embeddings, free_ports, require_tool
+from tritonstack.cli import main as cli_main
 from tritonstack.client import MODEL_OUTPUTS, infer
 from tritonstack.gateway import Gateway, limits
 from tritonstack.metrics import scrape
@@ -192,6 +193,27 @@ def test_tritonclient_sees_the_gateway_refusal_as_a_clear_error(gateway):
     assert "rows) must be 1 to 64; split larger batches" in caught.value.message()
 
 
+def test_grpc_shapes_are_triton_s_to_check_and_it_does_so_before_allocating(gateway, triton):
+    """gRPC bodies are protobuf, which the gateway does not read; Triton 2.51's gRPC frontend
+    compares the shape with max_batch_size and the model before it allocates (unlike JSON)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for shape in ([100000000, 128], [1, 128, 100000000]):
+            tensor = service_pb2.ModelInferRequest().InferInputTensor(
+                name="features", datatype="FP32", shape=shape
+            )
+            message = service_pb2.ModelInferRequest(
+                model_name="classifier", inputs=[tensor], raw_input_contents=[bytes(512)]
+            )
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ModelInfer(message, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_triton_up(triton)
+
+
 def test_grpc_passes_through_and_admin_methods_do_not(gateway, triton):
     client = grpcclient.InferenceServerClient(gateway.grpc_url)
     try:
@@ -278,7 +300,8 @@ def write_keys(path, keys: dict[str, str]) -> None:
     path.write_text("# key client\n" + "".join(f"{k} {v}\n" for k, v in keys.items()))
 
 
-def test_api_keys_guard_inference_and_rotate_without_restart(triton, tmp_path):
+def test_api_keys_guard_inference_and_rotate_without_restart(triton, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITONSTACK_API_KEY", raising=False)
     require_tool("haproxy")
     alice, bob, carol = "alice-" + "a" * 20, "bob-" + "b" * 20, "carol-" + "c" * 20
     keys = tmp_path / "api-keys"
@@ -306,6 +329,14 @@ def test_api_keys_guard_inference_and_rotate_without_restart(triton, tmp_path):
         result = client.infer("classify", [tensor], headers={"authorization": f"Bearer {bob}"})
         assert result.as_numpy("label").shape == (1, 1)
         client.close()
+
+        # The CLI, as a user calls it: the key from --api-key; without it, one readable line.
+        url = ["infer", "--url", gateway.http_url, "--rows", "2"]
+        assert cli_main([*url, "--api-key", alice]) == 0
+        assert "relevant" in capsys.readouterr().out
+        assert cli_main(url) == 1
+        (line,) = capsys.readouterr().err.splitlines()
+        assert "missing or unknown API key" in line
 
         pid = gateway.process.pid
         write_keys(keys, {bob: "bob", carol: "carol"})  # alice's key retired, carol's issued

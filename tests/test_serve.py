@@ -214,3 +214,39 @@ def test_sigterm_drains_gateway_then_triton_and_loses_nothing_in_flight():
     assert process.returncode == 0, output
     drained = output.index("gateway stopped (haproxy exit code 0)")
     assert drained < output.index("stopped (tritonserver exit code 0)")
+
+
+def test_sighup_reloads_the_api_keys_without_a_restart(tmp_path):
+    first, second = "first-" + "1" * 20, "second-" + "2" * 20
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"{first} ci\n")
+    process, ports = start_serve(REPOSITORY, "--api-keys", str(keys))
+    try:
+        wait_for_line(process, "Ctrl-C stops the server")
+        haproxy = [c for c in psutil.Process(process.pid).children() if c.name() == "haproxy"]
+
+        def status(key: str) -> int:
+            connection = http.client.HTTPConnection("127.0.0.1", ports[0], timeout=10)
+            connection.request(
+                "GET", "/v2/models/pipeline", headers={"Authorization": f"Bearer {key}"}
+            )
+            code = connection.getresponse().status
+            connection.close()
+            return code
+
+        assert (status(first), status(second)) == (200, 401)
+        keys.write_text(f"{second} ci\n")
+        process.send_signal(signal.SIGHUP)
+        wait_for_line(process, "SIGHUP: 1 API keys loaded", timeout=30)
+        assert (status(first), status(second)) == (401, 200)
+        keys.write_text("not a valid line\n")
+        process.send_signal(signal.SIGHUP)
+        wait_for_line(process, "SIGHUP: keys not reloaded", timeout=30)
+        assert status(second) == 200  # a bad file keeps the keys in force
+        assert [c.pid for c in psutil.Process(process.pid).children() if c.name() == "haproxy"] == [
+            h.pid for h in haproxy
+        ]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=90)
+    assert process.returncode == 0

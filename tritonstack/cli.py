@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -91,6 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
+    reload_keys = threading.Event()
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_keys.set())
     print(f"starting Triton (models in {args.model_repository})", flush=True)
     server.start(timeout=args.timeout)
     try:
@@ -102,20 +105,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"not served on CPU (GPU only): {', '.join(server.skipped)}", flush=True)
         for label, url in gw.endpoint_rows(server, gateway).items():
             print(f"  {label:<26} {url}", flush=True)
+        if gateway is not None and gateway.api_keys is not None:
+            print(f"kill -HUP {os.getpid()} reloads {gateway.api_keys}", flush=True)
         print("Ctrl-C stops the server", flush=True)
         if args.supervise:
             supervisor = Supervisor(server, log=lambda line: print(line, flush=True))
             watcher = threading.Thread(target=supervisor.watch, args=(stop,), daemon=True)
             watcher.start()
             try:
-                _wait(stop, gateway)
+                _wait(stop, gateway, reload_keys=reload_keys)
             finally:
                 stop.set()
                 watcher.join()  # a restart in progress finishes before the final stop
             if supervisor.failed:
                 raise UserError(supervisor.failed)
         else:
-            _wait(stop, gateway, server)
+            _wait(stop, gateway, server, reload_keys=reload_keys)
     finally:
         # In order: the gateway stops accepting and its in-flight requests finish, then Triton.
         if gateway is not None:
@@ -128,9 +133,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait(stop: threading.Event, gateway, server=None) -> None:
-    """Until a signal, or until the gateway or (unsupervised) Triton exits on its own."""
+def _wait(stop: threading.Event, gateway, server=None, reload_keys=None) -> None:
+    """Until a signal, or until the gateway or (unsupervised) Triton exits on its own; SIGHUP
+    swaps in the API keys file's current content without a restart."""
     while not stop.wait(0.5):
+        if reload_keys is not None and reload_keys.is_set():
+            reload_keys.clear()
+            try:
+                if gateway is None or gateway.api_keys is None:
+                    raise UserError("SIGHUP ignored: no gateway with API keys (--api-keys FILE)")
+                print(f"SIGHUP: {gateway.reload_keys()} API keys loaded", flush=True)
+            except UserError as exc:  # a bad keys file keeps the old keys, and says why
+                print(f"SIGHUP: keys not reloaded: {exc}", file=sys.stderr, flush=True)
         if gateway is not None and gateway.process.poll() is not None:
             print(gateway.log_tail(), file=sys.stderr)
             raise UserError(f"haproxy exited unexpectedly with code {gateway.process.returncode}")
@@ -152,7 +166,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
     else:
         features = np.random.default_rng(args.seed).standard_normal((args.rows, 128))
     url = args.url or {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}[args.protocol]
-    outputs = infer(url, args.model, features.astype(np.float32), protocol=args.protocol)
+    outputs = infer(
+        url, args.model, features.astype(np.float32), protocol=args.protocol, api_key=args.api_key
+    )
     labels = (DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt").read_text().split("\n")
     print(f"{'row':>4}  {'label':<14} score")
     for row, prediction in enumerate(predictions(args.model, outputs, labels)):
@@ -203,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=4, help="random embeddings to send (1-64)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random embeddings")
     p.add_argument("--input", type=Path, default=None, help=".npy file of shape [rows, 128]")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TRITONSTACK_API_KEY") or None,
+        help="the gateway's API key, if it has keys (default: $TRITONSTACK_API_KEY)",
+    )
     p.set_defaults(func=cmd_infer)
 
     for name, (module_name, help_text) in PLUGGED_COMMANDS.items():
