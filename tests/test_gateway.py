@@ -150,6 +150,32 @@ def test_second_input_is_refused(gateway):
     assert status == 400 and "one input only" in text
 
 
+GOOD_INPUT = '{"name": "features", "shape": [1, 128], "datatype": "FP32", "data": [0.5]}'
+SMUGGLED = [
+    # A second input with escaped keys: json_query does not decode them, Triton does and aborts.
+    '{"n\\u0061me": "x", "\\u0073hape": [100000000, 128], "datatype": "FP32", "data": [1]}',
+    '{"\\u0073hape": [100000000, 128], "datatype": "FP32", "data": [1]}',
+    # A second input without a name.
+    '{"shape": [100000000, 128], "datatype": "FP32", "data": [1]}',
+]
+
+
+@pytest.mark.parametrize("second", SMUGGLED, ids=["escaped keys", "escaped shape", "no name"])
+def test_a_smuggled_second_input_is_refused_and_triton_stays_up(gateway, triton, second):
+    body = f'{{"inputs": [{GOOD_INPUT}, {second}]}}'
+    assert json.loads(body)["inputs"][1]["shape"] == [100000000, 128]  # what Triton would read
+    status, _, text = call(gateway.http_url, "POST", "/v2/models/classifier/infer", body)
+    assert status == 400, text
+    assert_triton_up(triton)
+
+
+def test_an_escaped_shape_key_in_the_first_input_is_refused(gateway, triton):
+    body = '{"inputs": [{"name": "features", "\\u0073hape": [100000000, 128], "data": [1]}]}'
+    status, _, text = call(gateway.http_url, "POST", "/v2/models/classifier/infer", body)
+    assert status == 400 and "plain ASCII" in text
+    assert_triton_up(triton)
+
+
 def test_body_size_is_capped_from_max_batch_size(gateway):
     assert LIMITS.max_rows == 64 and LIMITS.features == 128
     host, port = gateway.http_url.split(":")
