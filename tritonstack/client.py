@@ -43,8 +43,11 @@ def infer(
     protocol: str = "http",
     timeout: float = 10.0,
     outputs: tuple[str, ...] | None = None,
+    api_key: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Send one batched request and return the requested outputs (default: all) by name.
+
+    `api_key` is sent as `Authorization: Bearer <key>` (gRPC: metadata), what the gateway checks.
 
     The seed passed a [128] shape; Triton wants the batch dimension first ([rows, 128]).
     """
@@ -71,6 +74,8 @@ def infer(
         tensor.set_data_from_numpy(features)
         requested = [module.InferRequestedOutput(name) for name in outputs]
         kwargs = {"client_timeout": timeout} if protocol == "grpc" else {}
+        if api_key:
+            kwargs["headers"] = {"authorization": f"Bearer {api_key}"}
         result = client.infer(model_name=model, inputs=[tensor], outputs=requested, **kwargs)
         return {name: result.as_numpy(name) for name in outputs}
     except InferenceServerException as exc:
