@@ -49,18 +49,22 @@ def test_concurrent_requests_are_batched(triton, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_queue_policy_costs_500_ms_stalls_with_one_instance(tmp_path):
-    """Pins the upstream behaviour behind the committed second instance (Triton 2.51).
+def test_upstream_pin_a_queue_policy_stalls_the_batcher_500_ms(tmp_path):
+    """Pins upstream behaviour (Triton 2.51; core at HEAD has the same code path): the reason no
+    committed config has a queue policy.
 
     A queue policy turns off the dynamic batcher's payload prefetching, and on that path the
     batcher is not woken when its only instance frees up: requests that arrived meanwhile wait
-    for its 500 ms idle timeout. Same repository without the policy: no stall. When an upgrade
-    fixes this, this test fails, and the instance counts (and docs/operations.md) can be revisited.
+    for its 500 ms idle timeout. The committed repository gets the old policy back in a temporary
+    copy (variant `queue-policy-x1`, one instance per model, where the stall is constant); the
+    same copy without the policy (`all-x1`) does not stall. When an upgrade fixes this upstream,
+    this test fails, and a queue policy may come back as a second line of defence behind the
+    gateway.
     """
     require_tool("wrk")
     generator = Generator(tmp_path / "load")
     results = {}
-    for variant in ("all-x1", "no-queue-policy-x1"):
+    for variant in ("queue-policy-x1", "all-x1"):
         repository = write_variant(DEFAULT_MODEL_REPOSITORY, tmp_path / variant, variant)
         server = start_triton(repository, tmp_path / f"{variant}.log", variant)
         try:
@@ -69,8 +73,69 @@ def test_a_queue_policy_costs_500_ms_stalls_with_one_instance(tmp_path):
             results[variant] = generator.run(target, 16, SECONDS)
         finally:
             server.stop()
-    stalled, free = results["all-x1"], results["no-queue-policy-x1"]
+    stalled, free = results["queue-policy-x1"], results["all-x1"]
     assert stalled.errors == free.errors == 0
     assert stalled.p99_ms >= 400, stalled  # requests waited out the 500 ms idle timeout
+    assert stalled.p99_ms > stall_bound_ms(stalled.p50_ms), stalled  # the no-stall verdict sees it
     assert free.p99_ms < 100, free
     assert free.requests > 5 * stalled.requests, (stalled, free)
+
+
+# --- no stall without a queue policy ------------------------------------------------------------
+
+#: The committed repository, and a copy with one instance of every model (what a GPU host runs:
+#: configs/gpu.pbtxt and classifier_trt have one instance).
+STALL_FREE = {"committed": "default", "one-instance-each": "all-x1"}
+STALL_MODELS = ("classifier", "pipeline", "classify")
+STALL_CONNECTIONS = (16, 64)
+#: The verdict: p99 <= 5 x p50 + 100 ms, in the best of up to 3 runs.
+#: Without a stall, closed-loop latency is queueing behind at most `connections` requests, so p99
+#: stays within a few times p50 (1.5-3x on a quiet machine). On 2 cores shared with other busy
+#: processes, scheduler delays put p99 at up to 60-125 ms with p50 at 2-5 ms (measured while
+#: writing this test; wrk's coordinated-omission correction spreads one delay over many samples):
+#: that is what the 100 ms floor absorbs, and why a run may be repeated, since contention comes
+#: and goes while the stall is structural and shows in every run. A 500 ms batcher stall puts p99
+#: at ~500 ms, 50-100x a p50 of 5-10 ms: the upstream pin above checks this verdict catches it.
+P99_OVER_P50 = 5
+P99_FLOOR_MS = 100
+STALL_RUNS = 3
+
+
+def stall_bound_ms(p50_ms: float) -> float:
+    return P99_OVER_P50 * p50_ms + P99_FLOOR_MS
+
+
+@pytest.fixture(scope="module", params=list(STALL_FREE), ids=list(STALL_FREE))
+def stall_free_server(request, tmp_path_factory):
+    """One server per configuration, shared by its models' and connection counts' tests."""
+    variant = STALL_FREE[request.param]
+    tmp = tmp_path_factory.mktemp(request.param)
+    repository = write_variant(DEFAULT_MODEL_REPOSITORY, tmp / "model_repository", variant)
+    server = start_triton(repository, tmp / "tritonserver.log", request.param)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("connections", STALL_CONNECTIONS)
+@pytest.mark.parametrize("model", STALL_MODELS)
+def test_no_batcher_stall_under_closed_loop_load(stall_free_server, model, connections, tmp_path):
+    require_tool("wrk")
+    generator = Generator(tmp_path)
+    target = Target("http-json", stall_free_server.url("http-json", model), model)
+    generator.run(target, connections, 1)  # warm-up: first batches, stubs' imports paged in
+    runs = []
+    for _ in range(STALL_RUNS):
+        result = generator.run(target, connections, SECONDS)
+        assert result.errors == 0 and result.requests > 0, result
+        runs.append(result)
+        if result.p99_ms <= stall_bound_ms(result.p50_ms):
+            return
+    best = min(runs, key=lambda r: r.p99_ms - stall_bound_ms(r.p50_ms))
+    pytest.fail(
+        f"{model} at {connections} connections: p99 {best.p99_ms:.1f} ms > "
+        f"{stall_bound_ms(best.p50_ms):.1f} ms (p50 {best.p50_ms:.1f} ms) in each of "
+        f"{STALL_RUNS} runs: requests stalled; {runs}"
+    )

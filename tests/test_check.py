@@ -515,3 +515,73 @@ def test_gpu_variant_syntax_and_name_errors_name_the_variant(repo: Path) -> None
     syntax = check_repository(repo)
     assert len(syntax) == 1 and syntax[0].startswith(f"{repo}/classifier/configs/gpu.pbtxt:")
     assert "not valid Triton model configuration" in syntax[0]
+
+
+# --- no queue policy: it stalls the dynamic batcher; the gateway refuses overload --------------
+
+BATCHING = "dynamic_batching {\n  max_queue_delay_microseconds: 100\n"
+QUEUE_POLICIES = {
+    "max-queue-size": (
+        "default_queue_policy { max_queue_size: 256 }",
+        "default_queue_policy.max_queue_size 256",
+    ),
+    "default-timeout": (
+        "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 1000000 }",
+        "default_queue_policy.default_timeout_microseconds 1000000",
+    ),
+    "priority-levels": ("priority_levels: 2 default_priority_level: 1", "priority_levels 2"),
+    "priority-queue-policy": (
+        "priority_levels: 2 default_priority_level: 1 "
+        "priority_queue_policy { key: 1 value: { max_queue_size: 8 } }",
+        "priority_levels 2, priority_queue_policy 1",
+    ),
+}
+
+
+@pytest.mark.parametrize(("policy", "named"), QUEUE_POLICIES.values(), ids=QUEUE_POLICIES)
+@pytest.mark.parametrize(
+    "config", ["classifier/config.pbtxt", "postprocess/config.pbtxt", "classifier_trt/config.pbtxt"]
+)
+def test_a_queue_policy_is_reported_as_the_batcher_stall(
+    repo: Path, config: str, policy: str, named: str
+) -> None:
+    edit(repo, config, BATCHING, f"{BATCHING}  {policy}\n")
+    messages = check_repository(repo)
+    assert_well_formed(messages, repo)
+    # Only this one: a queue policy does not make the model unservable, so the checks against
+    # the models it feeds or mirrors go on as before.
+    assert messages == [
+        f"{repo / config}: dynamic_batching has a queue policy ({named}), which stalls the "
+        "dynamic batcher: any queue policy turns off its payload prefetching, and then Triton "
+        "waits out a 500 ms idle timeout whenever a busy instance frees up under load (p99 "
+        "~500 ms); delete default_queue_policy, priority_levels and priority_queue_policy, and "
+        "let the gateway refuse overload (gateway/haproxy.cfg: requests in flight capped, then "
+        "503)"
+    ]
+
+
+def test_a_queue_policy_in_the_gpu_variant_is_reported_for_that_file(repo: Path) -> None:
+    policy = "  default_queue_policy { max_queue_size: 1024 }\n"
+    edit(repo, "classifier/configs/gpu.pbtxt", BATCHING, BATCHING + policy)
+    edit(repo, "classifier/config.pbtxt", BATCHING, BATCHING + policy)
+    messages = check_repository(repo)
+    assert_well_formed(messages, repo)
+    # Both files are named: fixing config.pbtxt alone would leave GPU hosts stalling.
+    assert [m.split(": ", 1)[0] for m in messages] == [
+        f"{repo}/classifier/config.pbtxt",
+        f"{repo}/classifier/configs/gpu.pbtxt",
+    ]
+    assert all("max_queue_size 1024" in m and "gateway" in m for m in messages)
+
+
+def test_no_committed_config_has_a_queue_policy() -> None:
+    configs = sorted(REPOSITORY.glob("*/config.pbtxt")) + sorted(
+        REPOSITORY.glob("*/configs/*.pbtxt")
+    )
+    assert len(configs) >= 6
+    for path in configs:
+        text = path.read_text()
+        for field in ("default_queue_policy", "priority_levels", "priority_queue_policy"):
+            # Comments may explain why there is none; no config line may set one.
+            lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+            assert not any(field in line for line in lines), f"{path}: {field}"

@@ -101,6 +101,7 @@ def check_repository(repository: Path) -> list[str]:
     for name, model in models.items():
         problems.extend(own[name])
         problems.extend(_check_references(model, models, broken, suspect))
+        problems.extend(_check_queue_policy(model))
     problems.extend(_check_variants(models, broken, suspect, problems))
     return problems
 
@@ -127,6 +128,8 @@ def _check_variants(
                 paths[name] = path
             except UserError as exc:
                 problems.append(" ".join(str(exc).split("\n")))
+        for name, model in variants.items():
+            problems.extend(_check_queue_policy(model, paths[name]))
         served = {**models, **variants}
         own = {name: _check_model(model, paths[name]) for name, model in variants.items()}
         doubtful = suspect | {name for name, found in own.items() if found}
@@ -200,6 +203,43 @@ def _check_model(model: Model, config_path: Path | None = None) -> list[str]:
         _check_onnx(model, versions, say)
     elif kind == "tensorrt":
         _check_tensorrt_files(model, versions, say)
+    return problems
+
+
+def _check_queue_policy(model: Model, config_path: Path | None = None) -> list[str]:
+    """No queue policy: it makes the dynamic batcher stall, and overload belongs to the gateway.
+
+    Triton's core turns the batcher's payload prefetching off whenever a model has a
+    max_queue_size, a default queue timeout or priority levels; on that path the batcher is not
+    woken when a busy instance frees up and sleeps out its 500 ms idle timeout (Triton 2.51, and
+    core at HEAD). Kept apart from _check_model: the model is still servable and its other
+    checks (a TensorRT twin, an ensemble's wiring) stay meaningful.
+    """
+    problems, say = _sayer(model, config_path)
+    batching = model.config.dynamic_batching
+    policy = batching.default_queue_policy
+    fields = [
+        f"{name} {value}"
+        for name, value in (
+            ("default_queue_policy.max_queue_size", policy.max_queue_size),
+            (
+                "default_queue_policy.default_timeout_microseconds",
+                policy.default_timeout_microseconds,
+            ),
+            ("priority_levels", batching.priority_levels),
+            ("priority_queue_policy", len(batching.priority_queue_policy)),
+        )
+        if value
+    ]
+    if fields:
+        say(
+            "dynamic_batching",
+            "has a queue policy (" + ", ".join(fields) + "), which stalls the dynamic batcher: "
+            "any queue policy turns off its payload prefetching, and then Triton waits out a "
+            "500 ms idle timeout whenever a busy instance frees up under load (p99 ~500 ms)",
+            "delete default_queue_policy, priority_levels and priority_queue_policy, and let the "
+            "gateway refuse overload (gateway/haproxy.cfg: requests in flight capped, then 503)",
+        )
     return problems
 
 

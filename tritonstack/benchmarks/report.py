@@ -26,8 +26,8 @@ SERVER_NAMES = {
     "triton:python-x1": "Triton, 1 instance of each Python model",
     "triton:classifier-x1": "Triton, 1 classifier instance",
     "triton:all-x1": "Triton, 1 instance of every model",
-    "triton:no-queue-policy": "Triton, no queue policy",
-    "triton:no-queue-policy-x1": "Triton, no queue policy, 1 instance of every model",
+    "triton:queue-policy": "Triton, queue policy",
+    "triton:queue-policy-x1": "Triton, queue policy, 1 instance of every model",
     "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
     "fastapi-x2": "FastAPI + onnxruntime (2 uvicorn workers)",
     "mlserver": "MLServer 1.7.1, adaptive batching",
@@ -219,8 +219,8 @@ def queue_findings(results: dict) -> list[str]:
     """The queue family read side by side: what the overload protection costs in stalls."""
     found = []
     for with_policy, without, what in (
-        (TRITON, "triton:no-queue-policy", "two instances (committed)"),
-        ("triton:all-x1", "triton:no-queue-policy-x1", "one instance of every model"),
+        ("triton:queue-policy", TRITON, "two instances (committed)"),
+        ("triton:queue-policy-x1", "triton:all-x1", "one instance of every model"),
     ):
         parts = []
         for point in results["points"]:
@@ -243,8 +243,8 @@ def queue_findings(results: dict) -> list[str]:
             "batcher's payload prefetching; on that path Triton 2.51's batcher is not woken when a "
             "busy instance frees up, so a request that arrived meanwhile waits for the batcher's "
             "500 ms idle timeout. The worst p99 over the repetitions shows those stalls. The "
-            "committed configs keep the policy (overload protection, docs/operations.md) and run "
-            "two instances, which makes a stall need every instance busy at once."
+            "committed configs have no queue policy: the gateway refuses overload before Triton "
+            "(gateway/haproxy.cfg), and one instance per model is then as stall-free as two."
         )
     return found
 
@@ -528,9 +528,8 @@ def method_sections() -> list[str]:
         "arrives while the only instance still counts as busy, and it waits for the batcher's "
         "500 ms idle timeout (`default_wait_microseconds` in dynamic_batch_scheduler.cc). "
         "Without the policy no stall was seen, with one instance or two. The committed configs "
-        "keep the policy for overload protection and run two instances, so a stall needs both "
-        "busy at once; the `classifier-x1`, `all-x1` and `no-queue-policy*` variants measure the "
-        "alternatives.",
+        "therefore have no queue policy (the gateway refuses overload instead); the "
+        "`queue-policy*` variants keep the stall measurable.",
         "- CPU by process: user + system time of tritonserver and of each model's stub "
         "processes over a point's repetitions, divided by the requests answered. Stub profiles: "
         "py-spy 0.4 (`record --native`, 250 Hz) on every stub of the models a request passes "

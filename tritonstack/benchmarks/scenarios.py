@@ -16,7 +16,7 @@ FAMILIES = {
     "batching": "dynamic batching off vs on",
     "delay": "queue delay sweep (max_queue_delay_microseconds)",
     "instances": "instance count 1 vs 2 (the Python models, the classifier, all three)",
-    "queue": "queue policy (overload protection) on vs off: the batcher stall it costs",
+    "queue": "a queue policy (the old overload protection) vs none: the batcher stall it costs",
     "protocols": "HTTP/JSON vs HTTP binary tensors vs gRPC",
     "concurrency": "concurrency sweep",
     "baselines": "FastAPI + onnxruntime, MLServer (adaptive batching) vs Triton",
@@ -34,8 +34,8 @@ SERVER_ORDER = (
     "triton:python-x1",
     "triton:classifier-x1",
     "triton:all-x1",
-    "triton:no-queue-policy",
-    "triton:no-queue-policy-x1",
+    "triton:queue-policy",
+    "triton:queue-policy-x1",
     "fastapi",
     "fastapi-x2",
     "mlserver",
@@ -151,8 +151,8 @@ def family_points(family: str, s: Settings) -> list[Point]:
         return [
             Point(server, m, JSON, c)
             for servers, cases in (
-                ((TRITON, "triton:no-queue-policy"), two),
-                (("triton:all-x1", "triton:no-queue-policy-x1"), one),
+                (("triton:queue-policy", TRITON), two),
+                (("triton:queue-policy-x1", "triton:all-x1"), one),
             )
             for m, c in cases
             for server in servers
