@@ -43,7 +43,11 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value and not any(line != line.rstrip() for line in value.split("\n")) else None
+    style = (
+        "|"
+        if "\n" in value and not any(line != line.rstrip() for line in value.split("\n"))
+        else None
+    )
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
