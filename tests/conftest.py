@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from tritonstack.gateway import Gateway
 from tritonstack.runtime import EmbeddedTriton, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,17 @@ def triton(tmp_path_factory) -> EmbeddedTriton:
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=log)
     with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gateway(triton, tmp_path_factory) -> Gateway:
+    """The real HAProxy running gateway/haproxy.cfg in front of the session's Triton."""
+    require_tool("haproxy")
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path_factory.mktemp("gateway") / "haproxy.log"
+    with Gateway.for_triton(triton, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                            log_path=log) as server:  # fmt: skip
         yield server
 
 

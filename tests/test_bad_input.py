@@ -1,5 +1,7 @@
 """Bad requests get a clear 4xx naming the problem, and the server stays ready afterwards.
 
+Every request goes where a user's would: through the gateway, which answers what it checks
+itself (routes, shape, body size) and passes the rest to Triton, whose own message comes back.
 Raw HTTP is used on purpose: these requests are ones a correct client library refuses to build.
 """
 
@@ -20,8 +22,8 @@ from tritonstack.client import infer
 pytestmark = pytest.mark.integration
 
 
-def post(triton, path: str, body: bytes | str, headers: dict | None = None) -> tuple[int, str]:
-    host, port = triton.http_url.split(":")
+def post(server, path: str, body: bytes | str, headers: dict | None = None) -> tuple[int, str]:
+    host, port = server.http_url.split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
         connection.request("POST", path, body=body, headers=headers or {})
@@ -57,14 +59,14 @@ def binary_request(header_length_delta=0, declared_size=512, payload_size=512):
     return body, {"Inference-Header-Content-Length": str(len(header) + header_length_delta)}
 
 
-def assert_still_serving(triton):
-    """The server is ready and a good request through the whole pipeline succeeds."""
-    client = httpclient.InferenceServerClient(triton.http_url)
+def assert_still_serving(server):
+    """The server (the gateway, or Triton directly) is ready and serves the whole pipeline."""
+    client = httpclient.InferenceServerClient(server.http_url)
     try:
         assert client.is_server_ready()
     finally:
         client.close()
-    outputs = infer(triton.http_url, "pipeline", embeddings(2))
+    outputs = infer(server.http_url, "pipeline", embeddings(2))
     assert outputs["label"].shape == (2, 1)
 
 
@@ -75,7 +77,7 @@ BAD_HTTP = [
         json_request([1, 127]),
         {},
         400,
-        "unexpected shape for input 'features'",
+        "inputs[0].shape[1] must be 128 (features per row)",  # the gateway's check
     ),
     (
         "wrong datatype",
@@ -99,7 +101,7 @@ BAD_HTTP = [
         json.dumps({"inputs": []}),
         {},
         400,
-        "missing required input(s) ['features']",
+        "could not read inputs[0].shape as [rows, 128]",  # the gateway's check
     ),
     (
         "unknown input name",
@@ -115,7 +117,7 @@ BAD_HTTP = [
         json_request([65, 128]),
         {},
         400,
-        "batch-size must be <= 64",
+        "inputs[0].shape[0] (rows) must be 1 to 64",  # the gateway's check
     ),
     (
         "zero-size batch",
@@ -123,7 +125,7 @@ BAD_HTTP = [
         json_request([0, 128]),
         {},
         400,
-        "input byte size mismatch for input 'features'",
+        "inputs[0].shape[0] (rows) must be 1 to 64",  # the gateway's check
     ),
     (
         "binary header length beyond the body",
@@ -146,7 +148,7 @@ BAD_HTTP = [
         400,
         "unexpected additional input data",
     ),
-    ("unknown model", "nope", json_request([1, 128]), {}, 404, "unknown model: 'nope'"),
+    ("unknown model", "nope", json_request([1, 128]), {}, 404, "not routed by the gateway"),
 ]
 
 # Triton 2.51's HTTP frontend answers 500 to bodies it cannot parse (upstream
@@ -169,11 +171,11 @@ UPSTREAM_500 = [
     [case[1:] for case in BAD_HTTP],
     ids=[case[0] for case in BAD_HTTP],
 )
-def test_bad_http_request_is_rejected_clearly(triton, model, body, headers, status, message):
-    got_status, got_body = post(triton, f"/v2/models/{model}/infer", body, headers)
+def test_bad_http_request_is_rejected_clearly(gateway, model, body, headers, status, message):
+    got_status, got_body = post(gateway, f"/v2/models/{model}/infer", body, headers)
     assert got_status == status, got_body
     assert message in json.loads(got_body)["error"]
-    assert_still_serving(triton)
+    assert_still_serving(gateway)
 
 
 @pytest.mark.parametrize(
@@ -182,10 +184,22 @@ def test_bad_http_request_is_rejected_clearly(triton, model, body, headers, stat
     ids=[case[0] for case in UPSTREAM_500],
 )
 def test_unparseable_body_is_upstream_500_and_harmless(triton, model, body, message):
+    """Triton directly (--no-gateway): the upstream 500, pinned."""
     got_status, got_body = post(triton, f"/v2/models/{model}/infer", body)
     assert got_status == 500
     assert message in json.loads(got_body)["error"]
     assert_still_serving(triton)
+
+
+@pytest.mark.parametrize(
+    ("model", "body"), [case[1:3] for case in UPSTREAM_500], ids=[c[0] for c in UPSTREAM_500]
+)
+def test_unparseable_body_is_400_at_the_gateway(gateway, model, body):
+    """Through the gateway the same bodies never reach Triton: its shape check answers 400."""
+    got_status, got_body = post(gateway, f"/v2/models/{model}/infer", body)
+    assert got_status == 400
+    assert "could not read inputs[0].shape" in json.loads(got_body)["error"]
+    assert_still_serving(gateway)
 
 
 @pytest.mark.parametrize(
@@ -197,8 +211,9 @@ def test_unparseable_body_is_upstream_500_and_harmless(triton, model, body, mess
     ],
     ids=["wrong shape", "wrong datatype", "batch above max_batch_size"],
 )
-def test_bad_grpc_request_is_invalid_argument(triton, shape, datatype, message):
-    client = grpcclient.InferenceServerClient(triton.grpc_url)
+def test_bad_grpc_request_is_invalid_argument(gateway, shape, datatype, message):
+    """gRPC bodies are protobuf: the gateway passes them and Triton's own answer comes back."""
+    client = grpcclient.InferenceServerClient(gateway.grpc_url)
     dtype = np.float64 if datatype == "FP64" else np.float32
     tensor = grpcclient.InferInput("features", shape, datatype)
     tensor.set_data_from_numpy(np.zeros(shape, dtype))
@@ -207,10 +222,10 @@ def test_bad_grpc_request_is_invalid_argument(triton, shape, datatype, message):
     client.close()
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert message in caught.value.message()
-    assert_still_serving(triton)
+    assert_still_serving(gateway)
 
 
-def test_non_finite_features_are_served_not_crashed(triton):
+def test_non_finite_features_are_served_not_crashed(gateway):
     """NaN/Inf pass through the MLP as NaN scores; argmax of a NaN row picks class 0.
 
     Triton does not validate values, only shapes and types: documented in README.
@@ -219,10 +234,10 @@ def test_non_finite_features_are_served_not_crashed(triton):
     features[0, :] = np.nan
     features[1, 0] = np.inf
     features[2, 0] = -np.inf
-    ensemble = infer(triton.http_url, "pipeline", features)
-    bls = infer(triton.http_url, "classify", features)
+    ensemble = infer(gateway.http_url, "pipeline", features)
+    bls = infer(gateway.http_url, "classify", features)
     assert np.isnan(ensemble["class"][0]).all()
     assert ensemble["label"][0, 0] == b"not relevant"
     assert np.isfinite(ensemble["class"][3]).all()
     assert (ensemble["label"] == bls["label"]).all()
-    assert_still_serving(triton)
+    assert_still_serving(gateway)

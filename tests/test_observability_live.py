@@ -1,12 +1,15 @@
 """Every dashboard query and every recording rule, run against a real Prometheus.
 
-The stack of the compose file, on loopback: the embedded tritonserver, Debian's `prometheus`
-with the project's prometheus.yml rendered for the test's ports (same jobs, intervals and rule
-files), Locust driving `pipeline` through tritonstack.loadtest.run_headless (its exporter is
-the `locust` job) and a few tritonclient threads driving `classify`. Then Prometheus' HTTP API
-is asked every panel's query and every recording rule, and each must return at least one series
-with a plausible value. The rules' series are read back from Prometheus' storage, so they also
-prove that Prometheus itself evaluates the rule files.
+The stack of the compose file, on loopback: the embedded tritonserver behind the gateway
+(Debian's HAProxy running gateway/haproxy.cfg, tritonstack.gateway), Debian's `prometheus` with
+the project's prometheus.yml rendered for the test's ports (same jobs, intervals and rule files),
+a spike of wrk connections past the gateway's capacity (so its refusals have something to
+count), then Locust driving `pipeline` through the gateway with tritonstack.loadtest.run_headless
+(its exporter is the `locust` job) and a few tritonclient threads driving `classify`, all where a
+user's client would send them. Then Prometheus' HTTP API is asked every panel's query and every
+recording rule, and each must return at least one series with a plausible value. The rules'
+series are read back from Prometheus' storage, so they also prove that Prometheus itself
+evaluates the rule files.
 
 GPU-only panels are exempt on this CPU runtime and listed in the test output; nothing else is.
 """
@@ -30,6 +33,9 @@ import yaml
 
 from tests.conftest import REPOSITORY, embeddings, free_ports, require_tool
 from tritonstack import dashboards
+from tritonstack.benchmarks.loadgen import Generator, Target
+from tritonstack.gateway import Gateway
+from tritonstack.metrics import scrape
 from tritonstack.promconfig import PROMETHEUS_DIR, render
 from tritonstack.runtime import EmbeddedTriton
 
@@ -38,6 +44,9 @@ pytestmark = pytest.mark.integration
 LOAD_SECONDS = 30  # Locust's run; Prometheus is polled while it runs
 DEADLINE_SECONDS = 40  # from the start of the load until every query must have answered
 SERVED = {"classifier", "classify", "pipeline", "postprocess"}
+#: The spike: far more connections than the gateway admits (maxconn + its queue per replica).
+SPIKE_CONNECTIONS = 512
+SPIKE_SECONDS = 2
 
 Check = Callable[[dict[frozenset, float]], str | None]
 
@@ -108,11 +117,26 @@ def label_values(series, label, expected) -> str | None:
     return None if expected <= seen else f"{label} values {seen}, expected {expected}"
 
 
+def count_between(low: float, high: float) -> Check:
+    """Gauges sampled at one instant: every series in range (a count may be 0 at that instant)."""
+    return between(low, high)
+
+
 MICROSECONDS = positive_between(0, 10_000_000)  # up to 10 s per request; an ensemble queues <1 µs
 SECONDS = positive_between(0.0001, 0.5)  # histogram_quantile's range: 0.5 ms-bucket to 0.5 s
 
 #: Checks by query text (recording-rule name or raw metric); the first match wins.
 CHECKS: list[tuple[str, Check]] = [
+    # The gateway (HAProxy's exporter): the spike's refusals and 5xx are in the windows.
+    ("haproxy_gateway_refusals:rate1m", some_positive),
+    ("haproxy_gateway_refusals:ratio", positive_between(0, 1)),
+    ("_5xx:ratio", positive_between(0, 1)),
+    ("haproxy_server_limit_sessions", positive_between(1, 10_000)),
+    ("haproxy_server_current_sessions", count_between(0, 10_000)),
+    ("haproxy_backend_current_queue", count_between(0, 10_000)),
+    ("haproxy_backend_queue_time_average", between(0, 10)),  # 0 once Locust's requests fit
+    ("_time_average_seconds", positive_between(0, 10)),
+    ("haproxy_backend_active_servers", between(1, 100)),  # both backends see the replica
     ("per_exec_rate1m", batch_size),
     ("nv_inference_request_failure:ratio", all_zero),
     ("nv_inference_request_failure:rate1m", all_zero),
@@ -162,13 +186,24 @@ def wait_until_ok(url: str, process: subprocess.Popen, log: Path, seconds: float
 
 @contextlib.contextmanager
 def prometheus(
-    tmp: Path, triton_metrics: str, locust_exporter: str, blackbox: str, triton_http: str
+    tmp: Path,
+    triton_metrics: str,
+    locust_exporter: str,
+    blackbox: str,
+    client_http: str,
+    gateway_metrics: str,
 ):
     binary = require_tool("prometheus")
     (port,) = free_ports(1)
     config = tmp / "prometheus.yml"
     config.write_text(
-        render(triton_metrics, [locust_exporter], blackbox=blackbox, triton_http=triton_http)
+        render(
+            triton_metrics,
+            [locust_exporter],
+            blackbox=blackbox,
+            triton_http=client_http,
+            gateway_metrics=gateway_metrics,
+        )
     )
     log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
@@ -238,56 +273,120 @@ def classify_load(url: str, stop: threading.Event, threads: int = 3) -> list[thr
     return workers
 
 
+def spike(infer_url: str, gateway_metrics: str, workdir: Path) -> dict:
+    """SPIKE_CONNECTIONS closed-loop wrk connections for SPIKE_SECONDS against the gateway, and
+    what its exporter counted meanwhile (the frontend's 5xx, the Triton server's 5xx)."""
+
+    def counts() -> tuple[float, float]:
+        samples = scrape(gateway_metrics)
+        return (
+            sum(
+                v
+                for (name, labels), v in samples.items()
+                if name.removesuffix("_total") == "haproxy_frontend_http_responses"
+                and {("proxy", "http"), ("code", "5xx")} <= labels
+            ),
+            sum(
+                v
+                for (name, labels), v in samples.items()
+                if name.removesuffix("_total") == "haproxy_server_http_responses"
+                and {("proxy", "triton_http"), ("code", "5xx")} <= labels
+            ),
+        )
+
+    before = counts()
+    target = Target("http-json", infer_url, "classifier")
+    result = Generator(workdir).run(target, SPIKE_CONNECTIONS, SPIKE_SECONDS)
+    time.sleep(0.5)  # requests still queued when wrk closed are answered or dropped by now
+    after = counts()
+    return {
+        "wrk": result,
+        "frontend_5xx": after[0] - before[0],
+        "triton_5xx": after[1] - before[1],
+    }
+
+
+def wait_for_first_scrape(base: str, job: str, seconds: float = 20) -> None:
+    """Until Prometheus holds one sample of `job`: a counter's first sample must come before
+    the traffic it should count, or rate() over it is 0."""
+    deadline = time.monotonic() + seconds
+    while not prometheus_query(base, f'up{{job="{job}"}} == 1'):
+        assert time.monotonic() < deadline, f"Prometheus did not scrape job {job}"
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     from tritonstack.loadtest import run_headless
 
     tmp = tmp_path_factory.mktemp("observability")
     http, grpc, metrics, locust_metrics = free_ports(4)
+    gateway_http, gateway_grpc, gateway_metrics = free_ports(3)
     server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=tmp / "triton.log")
-    with (
-        server,
-        blackbox_exporter(tmp) as blackbox,
-        prometheus(
-            tmp, f"127.0.0.1:{metrics}", f"127.0.0.1:{locust_metrics}", blackbox, server.http_url
-        ) as base,
-    ):
-        stop = threading.Event()
-        workers = classify_load(server.http_url, stop)
-        result: dict = {}
+    with server:
+        gateway = Gateway.for_triton(
+            server,
+            http_port=gateway_http,
+            grpc_port=gateway_grpc,
+            metrics_port=gateway_metrics,
+            log_path=tmp / "haproxy.log",
+        )
+        with (
+            gateway,
+            blackbox_exporter(tmp) as blackbox,
+            prometheus(
+                tmp,
+                f"127.0.0.1:{metrics}",
+                f"127.0.0.1:{locust_metrics}",
+                blackbox,
+                gateway.http_url,
+                f"127.0.0.1:{gateway_metrics}",
+            ) as base,
+        ):
+            require_tool("wrk")
+            wait_for_first_scrape(base, "gateway")
+            spiked = spike(
+                f"http://{gateway.http_url}/v2/models/classifier/infer",
+                gateway.metrics_url,
+                tmp / "spike",
+            )
+            stop = threading.Event()
+            workers = classify_load(gateway.http_url, stop)
+            result: dict = {}
 
-        def locust() -> None:
+            def locust() -> None:
+                try:
+                    result["load"] = run_headless(
+                        http_url=gateway.http_url,
+                        grpc_url=gateway.grpc_url,
+                        model="pipeline",
+                        user_type="http_json",
+                        users=16,
+                        spawn_rate=16,
+                        duration_s=LOAD_SECONDS,
+                        metrics_port=locust_metrics,
+                        results_dir=tmp / "locust",
+                    )
+                except BaseException as exc:  # reported by the test, not lost in the thread
+                    result["error"] = exc
+
+            load = threading.Thread(target=locust, daemon=True)
+            load.start()
             try:
-                result["load"] = run_headless(
-                    http_url=server.http_url,
-                    grpc_url=server.grpc_url,
-                    model="pipeline",
-                    user_type="http_json",
-                    users=16,
-                    spawn_rate=16,
-                    duration_s=LOAD_SECONDS,
-                    metrics_port=locust_metrics,
-                    results_dir=tmp / "locust",
-                )
-            except BaseException as exc:  # reported by the test, not lost in the thread
-                result["error"] = exc
-
-        load = threading.Thread(target=locust, daemon=True)
-        load.start()
-        try:
-            yield {
-                "base": base,
-                "started": time.monotonic(),
-                "result": result,
-                "tmp": tmp,
-                "blackbox": blackbox,
-                "triton_http": server.http_url,
-            }
-        finally:
-            stop.set()
-            load.join(LOAD_SECONDS + 60)
-            for worker in workers:
-                worker.join(10)
+                yield {
+                    "base": base,
+                    "started": time.monotonic(),
+                    "result": result,
+                    "tmp": tmp,
+                    "blackbox": blackbox,
+                    "client_http": gateway.http_url,
+                    "spike": spiked,
+                }
+            finally:
+                stop.set()
+                load.join(LOAD_SECONDS + 60)
+                for worker in workers:
+                    worker.join(10)
 
 
 def poll_until_plausible(base: str, queries: dict[str, Check], deadline: float) -> dict:
@@ -375,7 +474,7 @@ def test_prometheus_evaluates_every_rule_and_the_watchdog_fires(stack):
     # Good traffic on a healthy server: the heartbeat and nothing else.
     assert firing == {"Watchdog"}, alerts
     targets = api(base, "/api/v1/targets")["activeTargets"]
-    assert {t["labels"]["job"] for t in targets if t["health"] == "up"} >= {"triton"}
+    assert {t["labels"]["job"] for t in targets if t["health"] == "up"} >= {"triton", "gateway"}
 
 
 def test_deep_probe_passes_on_a_healthy_server_and_fails_on_a_broken_target(stack):
@@ -391,11 +490,23 @@ def test_deep_probe_passes_on_a_healthy_server_and_fails_on_a_broken_target(stac
     assert not poll_until_plausible(base, {'probe_success{job="deep_probe"}': all_one}, deadline)
 
     def probe(model: str) -> str:
-        target = f"http://{stack['triton_http']}/v2/models/{model}/infer"
+        target = f"http://{stack['client_http']}/v2/models/{model}/infer"
         url = f"http://{stack['blackbox']}/probe?module=triton_pipeline&target={target}"
         with urllib.request.urlopen(url, timeout=10) as response:
             return response.read().decode()
 
     assert "\nprobe_success 1\n" in probe("pipeline")
-    assert "\nprobe_success 0\n" in probe("nope")  # 404
+    assert "\nprobe_success 0\n" in probe("nope")  # 404 from the gateway
     assert "\nprobe_success 0\n" in probe("classifier")  # 200, but no label in the answer
+
+
+def test_the_gateway_counts_every_refusal_triton_never_saw(stack):
+    """Each 503 the spike got was answered by the gateway (counted as a frontend 5xx that no
+    Triton server answered): the refusals Triton itself never counted now have a number."""
+    spiked = stack["spike"]
+    refused_by_wrk = spiked["wrk"].errors
+    refusals = spiked["frontend_5xx"] - spiked["triton_5xx"]
+    assert spiked["wrk"].requests > 0 and refused_by_wrk > 0, spiked  # past capacity, still served
+    assert spiked["triton_5xx"] == 0, spiked
+    # wrk stops with requests in flight: the gateway may answer up to one per connection more.
+    assert refused_by_wrk <= refusals <= refused_by_wrk + SPIKE_CONNECTIONS, spiked

@@ -64,7 +64,13 @@ def test_promtool_check_config_of_the_loopback_rendering(tmp_path):
     """What tritonstack up and the live test run: same jobs, this checkout's rule files."""
     config = tmp_path / "prometheus.yml"
     config.write_text(
-        render("127.0.0.1:8002", ["127.0.0.1:9646"], blackbox="127.0.0.1:9115", triton_http="h:1")
+        render(
+            "127.0.0.1:8002",
+            ["127.0.0.1:9646"],
+            blackbox="127.0.0.1:9115",
+            triton_http="h:1",
+            gateway_metrics="127.0.0.1:8404",
+        )
     )
     output = promtool("check", "config", str(config)).stdout
     assert f"{len(RULE_FILES)} rule files found" in output
@@ -72,7 +78,7 @@ def test_promtool_check_config_of_the_loopback_rendering(tmp_path):
 
 def test_rendering_points_the_deep_probe_at_local_ports_or_leaves_it_out():
     jobs = yaml.safe_load(render("127.0.0.1:8002"))["scrape_configs"]
-    assert [job["job_name"] for job in jobs] == ["triton", "locust"]
+    assert [job["job_name"] for job in jobs] == ["triton", "locust"]  # no gateway, no probe
     rendered = render("127.0.0.1:8002", blackbox="127.0.0.1:9115", triton_http="127.0.0.1:8000")
     probe = {job["job_name"]: job for job in yaml.safe_load(rendered)["scrape_configs"]}
     probe = probe["deep_probe"]
@@ -165,3 +171,27 @@ def test_blackbox_config_is_valid_and_probes_pipeline_for_a_label():
     assert body["inputs"][0]["shape"] == [1, 128] and len(body["inputs"][0]["data"]) == 128
     assert body["outputs"] == [{"name": "label"}]
     assert http["fail_if_body_not_matches_regexp"] == ['"name":"label"']
+
+
+def test_compose_scrapes_every_triton_replica_and_the_gateway_and_probes_through_it():
+    jobs = {
+        job["job_name"]: job
+        for job in yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]
+    }
+    # `--scale triton=2`: the service name resolves to every replica, each scraped.
+    assert jobs["triton"]["dns_sd_configs"][0]["names"] == ["triton"]
+    assert jobs["gateway"]["static_configs"] == [{"targets": ["gateway:8404"]}]
+    # The deep probe goes where a client's request goes: through the gateway.
+    assert jobs["deep_probe"]["static_configs"][0]["targets"] == [
+        "http://gateway:8000/v2/models/pipeline/infer"
+    ]
+
+
+def test_rendering_points_the_gateway_job_at_its_local_exporter():
+    rendered = yaml.safe_load(render("127.0.0.1:8002", gateway_metrics="127.0.0.1:18404"))
+    jobs = {job["job_name"]: job for job in rendered["scrape_configs"]}
+    assert jobs["gateway"]["static_configs"] == [{"targets": ["127.0.0.1:18404"]}]
+    assert jobs["triton"] == {
+        "job_name": "triton",
+        "static_configs": [{"targets": ["127.0.0.1:8002"]}],
+    }

@@ -41,6 +41,12 @@ PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    from tritonstack.gateway import add_arguments
+
+    add_arguments(parser)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from tritonstack.export import export
 
@@ -62,53 +68,71 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from tritonstack import gateway as gw
     from tritonstack.runtime import EmbeddedTriton
     from tritonstack.supervisor import Supervisor
 
+    gw.check_arguments(args)
+    http_port, grpc_port = gw.triton_ports(args)
     server = EmbeddedTriton(
         model_repository=args.model_repository,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
+        http_port=http_port,
+        grpc_port=grpc_port,
         metrics_port=args.metrics_port,
-        address=args.address,
+        address="127.0.0.1" if args.gateway else args.address,
         log_path=args.log_file,
     )
+    gateway = None
     stop = threading.Event()
 
     def request_stop(signum, _frame):
-        print(f"{signal.Signals(signum).name}: stopping Triton", flush=True)
+        print(f"{signal.Signals(signum).name}: stopping", flush=True)
         stop.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
-    print(f"starting Triton on {args.address} (models in {args.model_repository})", flush=True)
+    print(f"starting Triton (models in {args.model_repository})", flush=True)
     server.start(timeout=args.timeout)
     try:
+        if args.gateway:
+            print(f"starting the gateway on {args.address}", flush=True)
+            gateway = gw.from_arguments(args, server).start()
         print(f"ready: {', '.join(server.served)}", flush=True)
         if server.skipped:
             print(f"not served on CPU (GPU only): {', '.join(server.skipped)}", flush=True)
-        print(f"  HTTP     http://{server.http_url}", flush=True)
-        print(f"  gRPC     {server.grpc_url}", flush=True)
-        print(f"  metrics  {server.metrics_url}", flush=True)
+        for label, url in gw.endpoint_rows(server, gateway).items():
+            print(f"  {label:<26} {url}", flush=True)
         print("Ctrl-C stops the server", flush=True)
         if args.supervise:
             supervisor = Supervisor(server, log=lambda line: print(line, flush=True))
             watcher = threading.Thread(target=supervisor.watch, args=(stop,), daemon=True)
             watcher.start()
-            stop.wait()
-            watcher.join()  # a restart in progress finishes before the final stop
+            try:
+                _wait(stop, gateway)
+            finally:
+                stop.set()
+                watcher.join()  # a restart in progress finishes before the final stop
             if supervisor.failed:
                 raise UserError(supervisor.failed)
         else:
-            while not stop.is_set() and server.process.poll() is None:
-                stop.wait(0.5)
-            if not stop.is_set():
-                code = server.process.poll()
-                raise UserError(f"tritonserver exited unexpectedly with code {code}")
+            _wait(stop, gateway, server)
     finally:
+        # In order: the gateway stops accepting and its in-flight requests finish, then Triton.
+        if gateway is not None:
+            gateway.stop()
         code = server.stop()
     print(f"stopped (tritonserver exit code {code})", flush=True)
     return 0
+
+
+def _wait(stop: threading.Event, gateway, server=None) -> None:
+    """Until a signal, or until the gateway or (unsupervised) Triton exits on its own."""
+    while not stop.wait(0.5):
+        if gateway is not None and gateway.process.poll() is not None:
+            print(gateway.log_tail(), file=sys.stderr)
+            raise UserError(f"haproxy exited unexpectedly with code {gateway.process.returncode}")
+        if server is not None and server.process.poll() is not None:
+            raise UserError(f"tritonserver exited unexpectedly with code {server.process.poll()}")
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
@@ -150,10 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the real tritonserver on CPU, no Docker needed")
     _repository_arg(p)
-    p.add_argument("--address", default="127.0.0.1", help="listen address (default: loopback)")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="client listen address (default: loopback; any other needs --api-keys)",
+    )
+    p.add_argument("--http-port", type=int, default=8000, help="clients' HTTP port (gateway)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="clients' gRPC port (gateway)")
+    p.add_argument("--metrics-port", type=int, default=8002, help="Triton's metrics port")
     p.add_argument("--log-file", type=Path, default=None, help="write Triton's log here")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     p.add_argument(
@@ -162,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not probe `pipeline` every second and restart Triton when it fails",
     )
+    gateway_arguments(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("infer", help="classify embeddings through a running Triton")

@@ -8,6 +8,7 @@ files that the tests prove are exactly the ones compose deploys.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,20 +24,27 @@ def render(
     rules_dir: Path = PROMETHEUS_DIR / "rules",
     blackbox: str | None = None,
     triton_http: str | None = None,
+    gateway_metrics: str | None = None,
 ) -> str:
-    """prometheus.yml with job `triton` -> `triton_metrics`, job `locust` -> exporters, and job
-    `deep_probe` -> the blackbox exporter at `blackbox` probing Triton's HTTP at `triton_http`
-    (left out unless both are given)."""
+    """prometheus.yml with job `triton` -> `triton_metrics`, job `locust` -> exporters, job
+    `gateway` -> HAProxy's exporter at `gateway_metrics` (host:port; left out when None, i.e.
+    Triton served without the gateway), and job `deep_probe` -> the blackbox exporter at
+    `blackbox` probing `triton_http`, the host:port where clients send HTTP (the gateway's, or
+    Triton's without one; left out unless both are given)."""
     config = yaml.safe_load(source.read_text())
     config["rule_files"] = [str(rules_dir.resolve() / "*.yml")]
     targets = {"triton": [triton_metrics], "locust": list(locust_exporters)}
+    if gateway_metrics:
+        targets["gateway"] = [gateway_metrics]
     jobs = []
     for job in config["scrape_configs"]:
+        if job["job_name"] == "gateway" and not gateway_metrics:
+            continue
         if job["job_name"] != "deep_probe":
             jobs.append(job)
         elif blackbox and triton_http:
-            url = job["static_configs"][0]["targets"][0].replace("triton:8000", triton_http)
-            job["static_configs"] = [{"targets": [url]}]
+            url = urllib.parse.urlsplit(job["static_configs"][0]["targets"][0])
+            job["static_configs"] = [{"targets": [url._replace(netloc=triton_http).geturl()]}]
             job["relabel_configs"][-1]["replacement"] = blackbox
             jobs.append(job)
     config["scrape_configs"] = jobs

@@ -1,0 +1,461 @@
+"""The gateway natively: Debian's haproxy running gateway/haproxy.cfg in front of Triton.
+
+The config is the one compose and Kubernetes run; this module only fills in its environment
+(ports, Triton's address, limits derived from the model repository, keys, certificate) and
+drives HAProxy's runtime API for what changes while it runs: more Triton replicas (`add server`)
+and API-key rotation (`prepare map` / `add map` / `commit map`, atomic, no restart).
+
+    with EmbeddedTriton(repo, *free_ports(3)) as triton, Gateway.for_triton(triton) as gateway:
+        client = tritonclient.http.InferenceServerClient(gateway.http_url)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "gateway" / "haproxy.cfg"
+#: Ports a client uses, the same natively and in compose; Triton moves behind the gateway.
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8404
+#: Requests in flight per Triton replica and protocol. Measured on 2 cores with wrk through the
+#: gateway (docs/operations.md, "Gateway"): Triton's throughput is flat from 8 to 64 concurrent
+#: requests, because the dynamic batcher turns concurrency into batch size; past ~32 the extra
+#: requests only wait inside Triton. 32 keeps every instance's batches full and moves the rest of
+#: the wait to the gateway, where it is bounded and visible.
+MAXCONN = 32
+#: Requests waiting at the gateway per replica before new ones are refused at once, and the
+#: longest any of them waits: at ~3,000 req/s per replica, 32 waiting drain in ~10 ms, so a
+#: 30 ms timeout only fires when Triton is really behind.
+QUEUE_PER_REPLICA = 32
+QUEUE_TIMEOUT_MS = 30
+#: Longest JSON rendering of one FP32 number plus its separator ("-1.2345678901234567e-05, "),
+#: and room for the request's envelope: what one row of a JSON request can cost in bytes.
+JSON_BYTES_PER_NUMBER = 26
+ENVELOPE_BYTES = 4096
+#: HAProxy's default request buffer; raised only when the body cap needs more.
+MIN_BUFSIZE = 262144
+
+
+def haproxy_binary(option: str | None = None) -> str:
+    """The haproxy to run: the option, else PATH, else Debian's /usr/sbin (not on users' PATH)."""
+    candidates = [option] if option else [shutil.which("haproxy"), "/usr/sbin/haproxy"]
+    for path in candidates:
+        if path and Path(path).is_file() and os.access(path, os.X_OK):
+            return path
+    where = f"{option} is not an executable file" if option else "haproxy is not installed"
+    raise UserError(
+        f"{where}: `sudo apt-get install haproxy` (Debian/Ubuntu, 2.6 or newer), "
+        "or pass --no-gateway to call Triton directly"
+    )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the gateway lets through, derived from the model repository."""
+
+    models: tuple[str, ...]
+    max_rows: int
+    features: int
+
+    @property
+    def max_body(self) -> int:
+        return self.max_rows * self.features * JSON_BYTES_PER_NUMBER + ENVELOPE_BYTES
+
+    @property
+    def bufsize(self) -> int:
+        # A whole body plus headers must fit one buffer for the shape check to see it.
+        return max(MIN_BUFSIZE, self.max_body + 16384)
+
+
+def limits(repository: Path = DEFAULT_MODEL_REPOSITORY) -> Limits:
+    """Public models (those clients call) and their shared input contract, from config.pbtxt."""
+    from tritonstack.client import MODEL_OUTPUTS
+    from tritonstack.repository import iter_models
+
+    configs = {m.name: m.config for m in iter_models(repository) if m.name in MODEL_OUTPUTS}
+    missing = sorted(set(MODEL_OUTPUTS) - set(configs))
+    if missing:
+        raise UserError(f"{repository}: public models {missing} missing; the gateway routes them")
+    rows = {c.max_batch_size for c in configs.values()}
+    widths = {tuple(c.input[0].dims) for c in configs.values()}
+    if len(rows) != 1 or len(widths) != 1 or len(next(iter(widths))) != 1:
+        raise UserError(
+            f"{repository}: the public models must share max_batch_size and one [N] input "
+            f"(found max_batch_size {sorted(rows)}, dims {sorted(widths)})"
+        )
+    return Limits(tuple(sorted(configs)), rows.pop(), widths.pop()[0])
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def check_publishing(address: str, api_keys: Path | None) -> None:
+    """Listening beyond loopback without API keys would hand the models to the network."""
+    if not is_loopback(address) and api_keys is None:
+        raise UserError(
+            f"refusing to listen on {address} without API keys: pass --api-keys FILE "
+            "(lines `<key> <client name>`), or listen on 127.0.0.1"
+        )
+    if api_keys is not None and not Path(api_keys).is_file():
+        raise UserError(f"{api_keys}: API keys file not found")
+
+
+@dataclass
+class Gateway:
+    """One haproxy process running gateway/haproxy.cfg natively; a context manager."""
+
+    triton_http_port: int
+    triton_grpc_port: int
+    http_port: int = HTTP_PORT
+    grpc_port: int = GRPC_PORT
+    metrics_port: int = METRICS_PORT
+    address: str = "127.0.0.1"
+    triton_host: str = "127.0.0.1"
+    api_keys: Path | None = None
+    tls_cert: Path | None = None
+    maxconn: int = MAXCONN
+    queue_per_replica: int = QUEUE_PER_REPLICA
+    queue_timeout_ms: int = QUEUE_TIMEOUT_MS
+    model_repository: Path = DEFAULT_MODEL_REPOSITORY
+    log_path: Path | None = None
+    haproxy_bin: str | None = None
+    config: Path = CONFIG
+    process: subprocess.Popen | None = field(default=None, init=False)
+    replicas: int = field(default=1, init=False)
+
+    @classmethod
+    def for_triton(cls, triton, **kwargs) -> Gateway:
+        """A gateway in front of an EmbeddedTriton (on its loopback ports)."""
+        kwargs.setdefault("model_repository", triton.model_repository)
+        return cls(triton.http_port, triton.grpc_port, triton_host=triton.address, **kwargs)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
+
+    @property
+    def http_url(self) -> str:
+        """host:port, what tritonclient.http takes (add ssl=True when tls_cert is set)."""
+        return f"{self.address}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.address}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.address}:{self.metrics_port}/metrics"
+
+    def environment(self) -> dict[str, str]:
+        lim = limits(self.model_repository)
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("GATEWAY_", "TRITON_"))  # only what is set here counts
+        }
+        env.update(
+            GATEWAY_ADDRESS=self.address,
+            GATEWAY_HTTP_PORT=str(self.http_port),
+            GATEWAY_GRPC_PORT=str(self.grpc_port),
+            GATEWAY_METRICS_PORT=str(self.metrics_port),
+            GATEWAY_RUNTIME_SOCKET=str(self.runtime_socket),
+            GATEWAY_MAXCONN=str(self.maxconn),
+            GATEWAY_QUEUE_PER_REPLICA=str(self.queue_per_replica),
+            GATEWAY_QUEUE_TIMEOUT=f"{self.queue_timeout_ms}ms",
+            GATEWAY_MODELS="|".join(lim.models),
+            GATEWAY_MAX_ROWS=str(lim.max_rows),
+            GATEWAY_FEATURES=str(lim.features),
+            GATEWAY_MAX_BODY=str(lim.max_body),
+            GATEWAY_BUFSIZE=str(lim.bufsize),
+            TRITON_HOST=self.triton_host,
+            TRITON_HTTP_PORT=str(self.triton_http_port),
+            TRITON_GRPC_PORT=str(self.triton_grpc_port),
+        )
+        if self.api_keys is not None:
+            env["GATEWAY_API_KEYS"] = str(Path(self.api_keys).resolve())
+        if self.tls_cert is not None:
+            env["GATEWAY_TLS_CERT"] = str(Path(self.tls_cert).resolve())
+        return env
+
+    def start(self, timeout: float = 30.0) -> Gateway:
+        """Start haproxy; return once it answers through to a ready Triton."""
+        from tritonstack.runtime import _die_with_parent
+
+        check_publishing(self.address, self.api_keys)
+        binary = haproxy_binary(self.haproxy_bin)
+        self._run_dir = Path(tempfile.mkdtemp(prefix="tritonstack-gateway-"))
+        self.runtime_socket = self._run_dir / "runtime.sock"
+        if self.log_path is None:
+            self.log_path = self._run_dir / "haproxy.log"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [binary, "-db", "-f", str(self.config)],
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop(grace=0)
+            raise
+        return self
+
+    def _ready(self) -> bool:
+        import ssl
+
+        context = ssl._create_unverified_context() if self.tls_cert else None
+        url = f"{self.scheme}://{self.http_url}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._ready():
+            if self.process.poll() is not None:
+                raise UserError(
+                    f"haproxy exited with code {self.process.returncode} while starting:\n"
+                    + self.log_tail()
+                )
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"the gateway did not answer {self.http_url} within {timeout:.0f} s:\n"
+                    + self.log_tail()
+                )
+            time.sleep(0.1)
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = Path(self.log_path).read_text(errors="replace").splitlines()
+        except (OSError, TypeError):
+            return "  haproxy| (no log)"
+        return "\n".join(f"  haproxy| {line}" for line in text[-lines:])
+
+    def runtime(self, command: str) -> str:
+        """One command on HAProxy's runtime API (the admin-level stats socket)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5.0)
+            sock.connect(str(self.runtime_socket))
+            sock.sendall(command.encode() + b"\n")
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+
+    def add_replica(self, http_port: int, grpc_port: int, host: str = "127.0.0.1") -> str:
+        """Put one more Triton behind both backends without a restart; returns its server name."""
+        self.replicas += 1
+        name = f"triton{self.replicas}"
+        common = f"check inter 2s fall 2 rise 1 maxconn {self.maxconn}"
+        for backend, line in (
+            ("triton_http", f"{host}:{http_port} {common}"),
+            (
+                "triton_grpc",
+                f"{host}:{grpc_port} proto h2 {common} check-proto h1 port {http_port}",
+            ),
+        ):
+            for command in (
+                f"add server {backend}/{name} {line}",
+                f"enable health {backend}/{name}",
+                f"enable server {backend}/{name}",
+            ):
+                answer = self.runtime(command).strip()
+                if answer and not answer.startswith("New server registered"):
+                    raise UserError(f"haproxy refused `{command}`: {answer}")
+        return name
+
+    def reload_keys(self) -> int:
+        """Swap in the API keys file's current content atomically; returns the number of keys."""
+        if self.api_keys is None:
+            raise UserError("this gateway runs without API keys; start it with --api-keys FILE")
+        path = str(Path(self.api_keys).resolve())
+        entries = parse_keys(Path(path))
+        answer = self.runtime(f"prepare map {path}")
+        version = answer.strip().rpartition(":")[2].strip()  # "New version created: 3"
+        if not version.isdigit():
+            raise UserError(f"haproxy refused `prepare map`: {answer.strip()}")
+        for key, name in entries.items():
+            answer = self.runtime(f"add map @{version} {path} {key} {name}").strip()
+            if answer:
+                raise UserError(f"haproxy refused a key: {answer}")
+        answer = self.runtime(f"commit map @{version} {path}").strip()
+        if answer:
+            raise UserError(f"haproxy refused `commit map`: {answer}")
+        return len(entries)
+
+    def drain(self, timeout: float = 35.0) -> int | None:
+        """Soft stop (SIGUSR1): stop accepting, finish in-flight requests, exit."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGUSR1)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace: float = 35.0) -> int | None:
+        """Drain for up to `grace` seconds, then kill what is left; remove the run directory."""
+        code = None
+        if self.process is not None:
+            code = self.drain(grace) if grace > 0 else None
+            if self.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            code = self.process.returncode
+        run_dir = getattr(self, "_run_dir", None)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return code
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def parse_keys(path: Path) -> dict[str, str]:
+    """`<key> <client name>` per line (# comments); a bad line names its number."""
+    entries: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2 or len(parts[0]) < 16:
+            raise UserError(
+                f"{path}:{number}: expected `<key> <client name>` with a key of 16+ characters"
+            )
+        entries[parts[0]] = parts[1]
+    return entries
+
+
+#: Where Triton listens natively when the gateway takes the client ports (loopback only).
+TRITON_HTTP_PORT, TRITON_GRPC_PORT = 18000, 18001
+
+
+def add_arguments(parser) -> None:
+    """The gateway's options, shared by `tritonstack serve` and `tritonstack up`."""
+    group = parser.add_argument_group("gateway (HAProxy in front of Triton)")
+    group.add_argument(
+        "--no-gateway",
+        dest="gateway",
+        action="store_false",
+        help="no gateway: Triton itself listens on --http-port/--grpc-port (loopback only)",
+    )
+    group.add_argument(
+        "--triton-http-port",
+        type=int,
+        default=TRITON_HTTP_PORT,
+        help=f"Triton's own HTTP port behind the gateway (default: {TRITON_HTTP_PORT})",
+    )
+    group.add_argument(
+        "--triton-grpc-port",
+        type=int,
+        default=TRITON_GRPC_PORT,
+        help=f"Triton's own gRPC port behind the gateway (default: {TRITON_GRPC_PORT})",
+    )
+    group.add_argument(
+        "--gateway-metrics-port",
+        type=int,
+        default=METRICS_PORT,
+        help=f"the gateway's Prometheus endpoint (default: {METRICS_PORT})",
+    )
+    group.add_argument(
+        "--api-keys",
+        type=Path,
+        default=None,
+        help="file of `<key> <client name>` lines; required to listen beyond loopback",
+    )
+    group.add_argument(
+        "--tls-cert", type=Path, default=None, help="PEM with certificate chain and key: HTTPS/TLS"
+    )
+    group.add_argument(
+        "--maxconn",
+        type=int,
+        default=MAXCONN,
+        help=f"requests in flight per Triton replica and protocol (default: {MAXCONN})",
+    )
+    group.add_argument("--haproxy-bin", default=None, help="default: haproxy on PATH or /usr/sbin")
+
+
+def triton_ports(args) -> tuple[int, int]:
+    """Where Triton listens: behind the gateway its own ports, else the client ports."""
+    if args.gateway:
+        return args.triton_http_port, args.triton_grpc_port
+    return args.http_port, args.grpc_port
+
+
+def check_arguments(args) -> None:
+    """Refuse before anything starts: a public address needs the gateway and API keys."""
+    if not args.gateway and not is_loopback(args.address):
+        raise UserError(
+            f"refusing to listen on {args.address} without the gateway: Triton alone has no "
+            "API keys; drop --no-gateway and pass --api-keys FILE"
+        )
+    if args.gateway:
+        haproxy_binary(args.haproxy_bin)
+        check_publishing(args.address, args.api_keys)
+        if args.tls_cert is not None and not args.tls_cert.is_file():
+            raise UserError(f"{args.tls_cert}: certificate file not found")
+
+
+def from_arguments(args, triton, log_path: Path | None = None) -> Gateway:
+    return Gateway.for_triton(
+        triton,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.gateway_metrics_port,
+        address=args.address,
+        api_keys=args.api_keys,
+        tls_cert=args.tls_cert,
+        maxconn=args.maxconn,
+        log_path=log_path,
+        haproxy_bin=args.haproxy_bin,
+    )
+
+
+def endpoint_rows(triton, gateway: Gateway | None) -> dict[str, str]:
+    """What `serve` and `up` print: which address is the gateway and which is Triton itself."""
+    if gateway is None:
+        return {
+            "HTTP (Triton, no gateway)": f"http://{triton.http_url}",
+            "gRPC (Triton, no gateway)": triton.grpc_url,
+            "Triton metrics": triton.metrics_url,
+        }
+    return {
+        "HTTP (gateway)": f"{gateway.scheme}://{gateway.http_url}",
+        "gRPC (gateway)": gateway.grpc_url + (" (TLS)" if gateway.tls_cert else ""),
+        "gateway metrics": gateway.metrics_url,
+        "Triton HTTP (direct)": f"http://{triton.http_url}",
+        "Triton gRPC (direct)": triton.grpc_url,
+        "Triton metrics": triton.metrics_url,
+    }
