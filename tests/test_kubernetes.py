@@ -23,6 +23,7 @@ import yaml
 
 from tests.conftest import ROOT, require_tool
 from tests.test_autoscaling_query import adapter_query, same_query
+from tritonstack import gateway as gateway_module
 from tritonstack import k8s
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -396,10 +397,27 @@ def haproxy_variables() -> set[str]:
     return set(re.findall(r"\$\{(\w+)", (ROOT / "gateway" / "haproxy.cfg").read_text()))
 
 
+def gateway_environment(objects: list[dict]) -> dict[str, str]:
+    """The gateway container's variables: its generated ConfigMap, then its own `env`."""
+    gateway = container(objects, "gateway")
+    variables: dict[str, str] = {}
+    for source in gateway.get("envFrom", []):
+        variables |= find(objects, "ConfigMap", source["configMapRef"]["name"])["data"]
+    return variables | env(gateway)
+
+
+def test_gateway_gets_the_native_gateways_settings(rendered) -> None:
+    variables = gateway_environment(rendered[("cpu", ())])
+    assert variables.items() >= k8s.gateway_env().items()
+    assert int(variables["GATEWAY_HTTP_PORT"]) == gateway_module.HTTP_PORT
+    assert int(variables["GATEWAY_MAXCONN"]) == gateway_module.MAXCONN
+    assert int(variables["GATEWAY_MAX_ROWS"]) == gateway_module.limits().max_rows
+
+
 def test_gateway_discovers_triton_pods_through_the_headless_service(rendered) -> None:
     objects = rendered[("cpu", ())]
     gateway = container(objects, "gateway")
-    variables = env(gateway)
+    variables = gateway_environment(objects)
     # Every variable set here is one haproxy.cfg reads (a typo would silently use a default).
     assert set(variables) - {"POD_NAMESPACE"} <= haproxy_variables()
     assert variables["TRITON_DNS_NAME"] == "triton.$(POD_NAMESPACE).svc.cluster.local"
@@ -419,7 +437,13 @@ def test_gateway_discovers_triton_pods_through_the_headless_service(rendered) ->
 
 def test_gateway_balances_least_connections_with_admission_per_pod() -> None:
     config = (ROOT / "gateway" / "haproxy.cfg").read_text()
-    sections = dict(re.findall(r"^backend (\w+)\n(.*?)(?=^(?:backend|frontend|defaults|resolvers) |\Z)", config, re.M | re.S))
+    sections = dict(
+        re.findall(
+            r"^backend (\w+)\n(.*?)(?=^(?:backend|frontend|defaults|resolvers) |\Z)",
+            config,
+            re.M | re.S,
+        )
+    )
     for backend in ("triton_http", "triton_grpc"):
         block = sections[backend]
         assert "balance leastconn" in block
@@ -547,3 +571,19 @@ def test_keda_scales_on_the_same_query_target_and_behaviour(rendered) -> None:
     # The same per-pod expression as the adapter's, for the overlays' namespace.
     per_pod = adapter_query(f'namespace="{NAMESPACE}",container="triton"', "pod")
     assert same_query(trigger["metadata"]["query"], f"avg({per_pod})")
+
+
+def test_readme_command_prints_what_the_readme_shows() -> None:
+    require_tool("kubectl")
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Deploy on Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    command, shown = re.findall(r"```(?:bash)?\n(.*?)```", section, re.S)[:2]
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown

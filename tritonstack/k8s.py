@@ -10,6 +10,8 @@ on any difference. Edit the sources, then run `python -m tritonstack.k8s`:
 - grafana/dashboards/*.json -> base/generated/dashboards.yaml, one ConfigMap per dashboard,
   labelled for Grafana's dashboard sidecar (`grafana_dashboard: "1"`);
 - gateway/haproxy.cfg -> base/generated/haproxy.cfg (the gateway's configMapGenerator input);
+- tritonstack/gateway.py's ports, admission limits and the request limits it derives from the
+  model repository -> base/generated/gateway.env, the environment the native gateway gets;
 - loadtest/ -> components/locust/generated/loadtest.yaml, the ConfigMap Locust mounts.
 
 `python -m tritonstack.k8s --check` writes nothing and exits 1 naming every stale file.
@@ -120,6 +122,27 @@ def loadtest_configmap(loadtest_dir: Path = LOADTEST_DIR) -> dict:
     }
 
 
+def gateway_env() -> dict[str, str]:
+    """The gateway's settings as tritonstack.gateway gives them to a native HAProxy, less what
+    depends on where it runs (address, Triton's address, sockets, keys, certificates)."""
+    from tritonstack import gateway
+
+    limits = gateway.limits()
+    return {
+        "GATEWAY_HTTP_PORT": str(gateway.HTTP_PORT),
+        "GATEWAY_GRPC_PORT": str(gateway.GRPC_PORT),
+        "GATEWAY_METRICS_PORT": str(gateway.METRICS_PORT),
+        "GATEWAY_MAXCONN": str(gateway.MAXCONN),
+        "GATEWAY_QUEUE_PER_REPLICA": str(gateway.QUEUE_PER_REPLICA),
+        "GATEWAY_QUEUE_TIMEOUT": f"{gateway.QUEUE_TIMEOUT_MS}ms",
+        "GATEWAY_MODELS": "|".join(limits.models),
+        "GATEWAY_MAX_ROWS": str(limits.max_rows),
+        "GATEWAY_FEATURES": str(limits.features),
+        "GATEWAY_MAX_BODY": str(limits.max_body),
+        "GATEWAY_BUFSIZE": str(limits.bufsize),
+    }
+
+
 def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
     """Every generated file and its content."""
     generated = kubernetes_dir / "base" / "generated"
@@ -136,6 +159,9 @@ def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
     if not HAPROXY_CFG.is_file():
         raise FileNotFoundError(f"{HAPROXY_CFG} not found: the gateway's config is its source")
     files[generated / "haproxy.cfg"] = _header(_relative(HAPROXY_CFG)) + HAPROXY_CFG.read_text()
+    files[generated / "gateway.env"] = _header(
+        "tritonstack/gateway.py", "model_repository/"
+    ) + "".join(f"{key}={value}\n" for key, value in gateway_env().items())
     return files
 
 

@@ -3,13 +3,14 @@
 
 An investigation tool for docs/scaling.md, not part of the installed package. It builds a model
 of one Triton replica from the benchmark's measured concurrency sweep (docs/benchmarks/
-results.json: `pipeline` over HTTP/JSON at 1-64 requests in flight), puts the gateway's admission
-control (deploy/kubernetes/base/gateway.yaml) in front of N such replicas, and runs the
-HorizontalPodAutoscaler algorithm as the Kubernetes documentation and the controller's replica
-calculator describe it: the ratio of the pods' average metric to the target, a 0.1 tolerance,
-pods without a metric yet counted as 0 when scaling up, the stabilisation windows and the scale
-policies of deploy/kubernetes/base/hpa.yaml (read from that file). The metric is the one the HPA
-is given: queue time per request, as Prometheus' 1-minute rate of Triton's counters.
+results.json: `pipeline` over HTTP/JSON at 1-64 requests in flight), puts the gateway's
+admission control (tritonstack/gateway.py's limits, which the Kubernetes gateway gets) in front
+of N such replicas, and runs the HorizontalPodAutoscaler algorithm as the Kubernetes
+documentation and the controller's replica calculator describe it: the ratio of the pods'
+average metric to the target, a 0.1 tolerance, pods without a metric yet counted as 0 when
+scaling up, the stabilisation windows and the scale policies of deploy/kubernetes/base/hpa.yaml
+(read from that file). The metric is the one the HPA is given: queue time per request, as
+Prometheus' 1-minute rate of Triton's counters.
 
     python deploy/kubernetes/simulate.py            # rewrites docs/scaling/ and prints tables
     python deploy/kubernetes/simulate.py --out DIR  # writes elsewhere (the test compares)
@@ -44,7 +45,6 @@ from shapes import spike, step  # noqa: E402
 
 RESULTS = ROOT / "docs" / "benchmarks" / "results.json"
 HPA = ROOT / "deploy" / "kubernetes" / "base" / "hpa.yaml"
-GATEWAY = ROOT / "deploy" / "kubernetes" / "base" / "gateway.yaml"
 OUT = ROOT / "docs" / "scaling"
 
 SWEEP_KEY = "triton:default|pipeline|http-json|c{}"
@@ -141,14 +141,12 @@ class HpaSpec:
         )
 
 
-def gateway_limits(path: Path = GATEWAY) -> tuple[int, int]:
-    """(requests in flight per pod, waiting requests per pod) from the gateway's environment."""
-    deployment = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Deployment")
-    env = {
-        e["name"]: e.get("value")
-        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
-    return int(env["GATEWAY_MAXCONN"]), int(env["GATEWAY_QUEUE_PER_REPLICA"])
+def gateway_limits() -> tuple[int, int]:
+    """(requests in flight per pod, waiting requests per pod): the gateway's admission settings
+    (tritonstack/gateway.py, which deploy/kubernetes/base/generated/gateway.env copies)."""
+    from tritonstack import gateway
+
+    return gateway.MAXCONN, gateway.QUEUE_PER_REPLICA
 
 
 @dataclass
