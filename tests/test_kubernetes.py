@@ -596,3 +596,13 @@ def test_readme_command_prints_what_the_readme_shows() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == shown
+
+
+def test_locust_runs_the_compose_image(rendered) -> None:
+    objects = rendered[("cpu", COMPONENTS)]
+    services = compose()["services"]
+    for deployment, service in (
+        ("locust-master", "locust-master"),
+        ("locust-worker", "locust-worker"),
+    ):
+        assert container(objects, deployment)["image"] == services[service]["image"]

@@ -12,7 +12,9 @@ on any difference. Edit the sources, then run `python -m tritonstack.k8s`:
 - gateway/haproxy.cfg -> base/generated/haproxy.cfg (the gateway's configMapGenerator input);
 - tritonstack/gateway.py's ports, admission limits and the request limits it derives from the
   model repository -> base/generated/gateway.env, the environment the native gateway gets;
-- loadtest/ -> components/locust/generated/loadtest.yaml, the ConfigMap Locust mounts.
+- loadtest/ -> components/locust/generated/loadtest.yaml, the ConfigMap Locust mounts;
+- docker-compose.yml's image tags -> generated/images.yaml in base and in the Locust component:
+  kustomize ImageTagTransformers, so the pods run the tags compose runs.
 
 `python -m tritonstack.k8s --check` writes nothing and exits 1 naming every stale file.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -32,6 +35,7 @@ RULES_DIR = ROOT / "prometheus" / "rules"
 DASHBOARDS_DIR = ROOT / "grafana" / "dashboards"
 HAPROXY_CFG = ROOT / "gateway" / "haproxy.cfg"
 LOADTEST_DIR = ROOT / "loadtest"
+COMPOSE_FILE = ROOT / "docker-compose.yml"
 #: What Locust needs at run time (Dockerfile.locust installs requirements.txt into the image).
 LOADTEST_SUFFIXES = (".py", ".conf", ".txt")
 PART_OF = {"app.kubernetes.io/part-of": "tritonstack"}
@@ -143,6 +147,38 @@ def gateway_env() -> dict[str, str]:
     }
 
 
+def manifest_images(kubernetes_dir: Path = KUBERNETES_DIR) -> set[str]:
+    """Image names (without tag) the hand-written manifests use."""
+    names = set()
+    for path in kubernetes_dir.rglob("*.yaml"):
+        if "generated" in path.parts or "crds" in path.parts:
+            continue
+        for image in re.findall(r"^\s*image: (\S+)", path.read_text(), re.M):
+            names.add(image.rsplit(":", 1)[0] if "/" not in image.rsplit(":", 1)[-1] else image)
+    return names
+
+
+def image_tags(compose_file: Path = COMPOSE_FILE) -> list[dict]:
+    """An ImageTagTransformer for each image both compose and the manifests run: compose's tag
+    wins, so the pods run the builds compose runs (pushed under the same name and tag)."""
+    services = yaml.safe_load(compose_file.read_text())["services"]
+    used = manifest_images()
+    tags: dict[str, str] = {}
+    for service in services.values():
+        name, _, tag = service.get("image", "").rpartition(":")
+        if name in used and "/" not in tag:
+            tags[name] = tag
+    return [
+        {
+            "apiVersion": "builtin",
+            "kind": "ImageTagTransformer",
+            "metadata": {"name": f"compose-{name.replace('/', '-').replace('.', '-')}"},
+            "imageTag": {"name": name, "newTag": tag},
+        }
+        for name, tag in sorted(tags.items())
+    ]
+
+
 def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
     """Every generated file and its content."""
     generated = kubernetes_dir / "base" / "generated"
@@ -156,6 +192,9 @@ def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
         )
         + _documents([loadtest_configmap()]),
     }
+    images = _header(_relative(COMPOSE_FILE)) + _documents(image_tags())
+    files[generated / "images.yaml"] = images
+    files[kubernetes_dir / "components" / "locust" / "generated" / "images.yaml"] = images
     if not HAPROXY_CFG.is_file():
         raise FileNotFoundError(f"{HAPROXY_CFG} not found: the gateway's config is its source")
     files[generated / "haproxy.cfg"] = _header(_relative(HAPROXY_CFG)) + HAPROXY_CFG.read_text()
