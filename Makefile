@@ -18,9 +18,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
-lint: venv ## ruff lint and format check
+lint: venv ## ruff lint and format check; HAProxy parses the gateway's config
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	PATH="$$PATH:/usr/sbin" haproxy -c -f gateway/haproxy.cfg
 
 format: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

@@ -199,7 +199,9 @@ def test_run_lengths():
     quick = sum(estimate_seconds(s, p, QUICK) for s, p in plan(FAMILIES, QUICK))
     full = sum(estimate_seconds(s, p, FULL) for s, p in plan(FAMILIES, FULL))
     assert quick < 180, quick
-    assert full < 20 * 60, full
+    # 22 min: the gateway family adds a server (Triton behind HAProxy) and 4 points, about
+    # 1.3 min, to a full run that was just under 20 min; every other family is unchanged.
+    assert full < 22 * 60, full
 
 
 # -- report ----------------------------------------------------------------------------------

@@ -247,7 +247,8 @@ def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
         for ports in [service.get("ports", [])]
     }
     assert published == {
-        "triton": ["127.0.0.1", "127.0.0.1"],
+        "gateway": ["127.0.0.1", "127.0.0.1"],
+        "triton": [],  # clients reach Triton only through the gateway
         "prometheus": ["127.0.0.1"],
         "blackbox": [],
         "perf-analyzer": [],
@@ -255,9 +256,15 @@ def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
         "locust-master": ["127.0.0.1"],
         "locust-worker": [],
     }
-    ports = [p.split(":")[-1] for p in gpu["services"]["triton"]["ports"]]
-    assert ports == ["8000/tcp", "8001/tcp"]  # metrics (8002) only on the compose network
-    assert "${TRITON_BIND:-127.0.0.1}:8000:8000" in COMPOSE.read_text()
+    ports = [p.split(":")[-1] for p in gpu["services"]["gateway"]["ports"]]
+    assert ports == ["8000/tcp", "8001/tcp"]  # its metrics (8404) only on the compose network
+    assert "${GATEWAY_BIND:-127.0.0.1}:8000:8000" in COMPOSE.read_text()
+    from tritonstack.gateway import GRPC_PORT, HTTP_PORT
+
+    assert [int(p.split(":")[-2]) for p in gpu["services"]["gateway"]["ports"]] == [
+        HTTP_PORT,
+        GRPC_PORT,
+    ]
 
 
 # --- cross-file wiring ----------------------------------------------------------------------------
@@ -284,14 +291,15 @@ def test_prometheus_targets_are_compose_services(gpu: dict) -> None:
         for static in job.get("static_configs", []):
             if job["job_name"] == "deep_probe":  # probed through the blackbox exporter
                 url = static["targets"][0]
-                assert url == "http://triton:8000/v2/models/pipeline/infer"
-                targets.extend(["triton:8000", job["relabel_configs"][-1]["replacement"]])
+                assert url == "http://gateway:8000/v2/models/pipeline/infer"
+                targets.extend(["gateway:8000", job["relabel_configs"][-1]["replacement"]])
                 continue
             targets.extend(static["targets"])
         for dns in job.get("dns_sd_configs", []):
             targets.extend(f"{name}:{dns['port']}" for name in dns["names"])
     assert targets == [
-        "triton:8002", "triton:8000", "blackbox:9115", "locust-master:9646", "locust-worker:9646"
+        "triton:8002", "gateway:8404", "gateway:8000", "blackbox:9115", "locust-master:9646",
+        "locust-worker:9646",
     ]  # fmt: skip
     blackbox = gpu["services"]["blackbox"]["volumes"][0].split(":")[0]
     assert Path(ROOT / blackbox).resolve() == ROOT / "prometheus" / "blackbox.yml"
@@ -327,16 +335,17 @@ def test_grafana_datasource_and_dashboards_are_wired(gpu: dict) -> None:
             assert any(path == m or path.startswith(m + "/") for m in mounts), provider_file
 
 
-def test_locust_talks_to_triton_and_its_master(gpu: dict) -> None:
+def test_locust_talks_to_the_gateway_and_its_master(gpu: dict) -> None:
     master = gpu["services"]["locust-master"]
     worker = gpu["services"]["locust-worker"]
     host = re.search(r"--host (\S+)", master["command"]).group(1)
     url = urlsplit(host)
+    assert url.hostname == "gateway", "Locust sends where a user's client would"
     assert_listens(gpu, url.hostname, url.port, "locust --host")
     master_host = re.search(r"--master-host (\S+)", worker["command"]).group(1)
     assert_listens(gpu, master_host, 5557, "locust --master-host")
     for service in (master, worker):
-        assert service["depends_on"]["triton"]["condition"] == "service_healthy"
+        assert service["depends_on"]["gateway"]["condition"] == "service_healthy"
         files = re.findall(r"(/mnt/loadtest/\S+)", service["command"])
         mount = next(v for v in service["volumes"] if ":/mnt/loadtest" in v)
         assert Path(mount.split(":")[0]) == ROOT / "loadtest"
@@ -507,3 +516,61 @@ def test_gpu_bench_profile_is_the_one_the_benchmark_docs_describe(gpu: dict) -> 
     assert committed["image"] == f"nvcr.io/nvidia/tritonserver:{release}-py3-sdk"
     script = committed["command"][-1].replace("/bench/", "bench/")
     assert (ROOT / script).is_file()
+
+
+# --- the gateway -------------------------------------------------------------------------------
+
+
+def haproxy_check(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`haproxy -c` (Debian's 2.6, the native runtime) on the one config, with `env` only."""
+    binary = require_tool("haproxy")
+    base = {"PATH": os.environ.get("PATH", "")}
+    command = [binary, "-c", "-f", str(ROOT / "gateway" / "haproxy.cfg")]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**base, **env})
+
+
+def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) -> None:
+    from tritonstack.gateway import limits
+
+    gateway = gpu["services"]["gateway"]
+    assert re.fullmatch(r"haproxy:3\.\d+\.\d+-alpine", gateway["image"]), gateway["image"]
+    assert "./gateway:/usr/local/etc/haproxy:ro" in COMPOSE.read_text()
+    assert gateway["volumes"][0].split(":")[0] == str(ROOT / "gateway")
+    env = gateway["environment"]
+    expected = limits(REPOSITORY)
+    assert env["GATEWAY_MODELS"].split("|") == list(expected.models)
+    assert int(env["GATEWAY_MAX_ROWS"]) == expected.max_rows
+    assert int(env["GATEWAY_FEATURES"]) == expected.features
+    assert int(env["GATEWAY_MAX_BODY"]) == expected.max_body
+    assert int(env["GATEWAY_BUFSIZE"]) == expected.bufsize
+    # Replicas by DNS, on the ports Triton exposes on the compose network.
+    assert env["TRITON_DNS_NAME"] == "triton"
+    triton = gpu["services"]["triton"]
+    assert_listens(gpu, "triton", int(env["TRITON_HTTP_PORT"]), "gateway")
+    assert_listens(gpu, "triton", int(env["TRITON_GRPC_PORT"]), "gateway")
+    assert "ports" not in triton
+    # Soft stop drains in-flight requests; Triton stops after the gateway (it depends on Triton).
+    assert gateway["stop_signal"] == "SIGUSR1"
+    assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert _seconds(gateway["stop_grace_period"]) > 30  # hard-stop-after in the config
+    # HAProxy 2.6 parses the config with exactly the environment compose gives the container.
+    checked = haproxy_check({k: str(v) for k, v in env.items()})
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_gateway_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
+    env = {"GATEWAY_PUBLISH_ADDRESS": "0.0.0.0"}
+    refused = haproxy_check(env)
+    assert refused.returncode != 0
+    assert "refusing to publish the gateway on 0.0.0.0 without API keys" in refused.stderr
+    keys = tmp_path / "api-keys"
+    keys.write_text("k" * 32 + " client\n")
+    assert haproxy_check({**env, "GATEWAY_API_KEYS": str(keys)}).returncode == 0
+    assert haproxy_check({"GATEWAY_PUBLISH_ADDRESS": "127.0.0.1"}).returncode == 0
+
+
+def test_ci_installs_haproxy_and_lint_checks_the_config() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "need_apt+=(haproxy)" in ci
+    makefile = (ROOT / "Makefile").read_text()
+    assert "haproxy -c -f gateway/haproxy.cfg" in makefile

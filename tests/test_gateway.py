@@ -349,3 +349,11 @@ def test_tls_terminates_with_the_users_certificate(triton, tmp_path):
         tensor.set_data_from_numpy(embeddings(2))
         assert client.infer("classify", [tensor]).as_numpy("label").shape == (2, 1)
         client.close()
+
+
+def test_the_example_keys_file_is_what_the_gateway_reads():
+    from tritonstack.gateway import CONFIG, parse_keys
+
+    assert parse_keys(CONFIG.parent / "api-keys.example") == {
+        "replace-me-with-a-random-key-0001": "example-client"
+    }

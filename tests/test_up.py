@@ -25,11 +25,15 @@ READY_LINE = "Ctrl-C stops everything"
 
 
 def start_up(*extra: str, env: dict | None = None) -> tuple[subprocess.Popen, dict[str, int]]:
-    names = ("http", "grpc", "metrics", "prometheus", "locust", "locust-metrics")
+    names = ("http", "grpc", "metrics", "prometheus", "locust", "locust-metrics",
+             "triton-http", "triton-grpc", "gateway-metrics")  # fmt: skip
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     command = [sys.executable, "-m", "tritonstack.cli", "up",
                "--http-port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
                "--metrics-port", str(ports["metrics"]),
+               "--triton-http-port", str(ports["triton-http"]),
+               "--triton-grpc-port", str(ports["triton-grpc"]),
+               "--gateway-metrics-port", str(ports["gateway-metrics"]),
                "--prometheus-port", str(ports["prometheus"]),
                "--locust-port", str(ports["locust"]),
                "--locust-metrics-port", str(ports["locust-metrics"]), *extra]  # fmt: skip
@@ -76,12 +80,15 @@ def test_up_serves_triton_prometheus_and_locust_and_sigint_stops_all():
         lines = wait_for_line(process, READY_LINE, timeout=240)
         children, shm_prefix = our_children(process)
         names = {child.name() for child in children}
-        assert {"tritonserver", "prometheus", "triton_python_backend_stub"} <= names, names
+        assert {"tritonserver", "haproxy", "prometheus", "triton_python_backend_stub"} <= names
         locust = locust_process(children)
 
-        assert f"  Triton HTTP     http://127.0.0.1:{ports['http']}" in lines
-        assert f"  Prometheus      http://127.0.0.1:{ports['prometheus']}" in lines
-        assert f"  Locust web UI   http://127.0.0.1:{ports['locust']}" in lines
+        printed = {line.split()[-1]: line for line in lines if line.startswith("  ")}
+        assert "HTTP (gateway)" in printed[f"http://127.0.0.1:{ports['http']}"]
+        assert "Triton HTTP (direct)" in printed[f"http://127.0.0.1:{ports['triton-http']}"]
+        assert "gateway metrics" in printed[f"http://127.0.0.1:{ports['gateway-metrics']}/metrics"]
+        assert "Prometheus" in printed[f"http://127.0.0.1:{ports['prometheus']}"]
+        assert "Locust web UI" in printed[f"http://127.0.0.1:{ports['locust']}"]
         assert get(f"http://127.0.0.1:{ports['http']}/v2/health/ready")[0] == 200
         assert get(f"http://127.0.0.1:{ports['prometheus']}/-/ready")[0] == 200
         rules = get(f"http://127.0.0.1:{ports['prometheus']}/api/v1/rules")[1]
@@ -95,9 +102,9 @@ def test_up_serves_triton_prometheus_and_locust_and_sigint_stops_all():
         )
         with urllib.request.urlopen(swarm, timeout=10) as response:
             assert json.loads(response.read())["success"] is True
-        # Prometheus scrapes Triton and Locust's exporter on the ports given to `up`.
-        health = wait_targets_up(ports["prometheus"], {"triton", "locust"})
-        assert health == {"triton": "up", "locust": "up"}, health
+        # Prometheus scrapes Triton, the gateway and Locust's exporter on the ports given to `up`.
+        health = wait_targets_up(ports["prometheus"], {"triton", "locust", "gateway"})
+        assert health == {"triton": "up", "locust": "up", "gateway": "up"}, health
         exported = get(f"http://127.0.0.1:{ports['locust-metrics']}/metrics")[1].decode()
         assert "tritonstack_client_" in exported
         # Locust's requests reach Triton: `top` sees them on the metrics port `up` printed.
@@ -109,6 +116,11 @@ def test_up_serves_triton_prometheus_and_locust_and_sigint_stops_all():
         assert top.returncode == 0, top.stderr
         pipeline = [line.split() for line in top.stdout.splitlines() if line.startswith("pipeline")]
         assert float(pipeline[0][1]) > 0, top.stdout
+        # ...through the gateway, where a user's client would send them.
+        gateway = get(f"http://127.0.0.1:{ports['gateway-metrics']}/metrics")[1].decode()
+        (line,) = [x for x in gateway.splitlines() if x.startswith(
+            'haproxy_frontend_http_responses_total{proxy="http",code="2xx"}')]  # fmt: skip
+        assert float(line.split()[-1]) > 0, line
         assert locust.is_running()
     except BaseException:
         process.kill()
@@ -161,7 +173,11 @@ def test_up_without_prometheus_serves_the_rest_and_stops_when_a_child_dies(tmp_p
     # After a failure the logs outlive the temporary directory, and the output says where.
     (kept,) = [line.removeprefix("logs kept in ") for line in output.splitlines()
                if line.startswith("logs kept in ")]  # fmt: skip
-    assert sorted(p.name for p in Path(kept).iterdir()) == ["locust.log", "triton.log"]
+    assert sorted(p.name for p in Path(kept).iterdir()) == [
+        "haproxy.log",
+        "locust.log",
+        "triton.log",
+    ]
     shutil.rmtree(kept)
     assert wait_gone([child.pid for child in children], timeout=10) == []
     assert not list(SHM.glob(f"{shm_prefix}*")), "shared memory left in /dev/shm"
@@ -201,7 +217,7 @@ def test_sigterm_while_starting_stops_cleanly(tmp_path):
     assert "SIGTERM: stopping" in output and "Traceback" not in output, output
     assert wait_gone([child.pid for child in children], timeout=10) == []
     assert not list(SHM.glob(f"{shm_prefix}*")), "shared memory left in /dev/shm"
-    flag = f"--http-port={ports['http']}"
+    flag = f"--http-port={ports['triton-http']}"
     assert not [p for p in psutil.process_iter(["cmdline"]) if flag in (p.info["cmdline"] or ())]
 
 

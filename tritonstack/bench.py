@@ -199,6 +199,8 @@ class Bench:
         variant = "default" if server_key == "memory" else server_key.split(":", 1)[1]
         repository = self.workdir / "repositories" / server_key.replace(":", "-")
         write_variant(DEFAULT_MODEL_REPOSITORY, repository, variant)
+        if server_key.startswith("gateway:"):
+            return servers.start_gateway(repository, log, server_key)
         return servers.start_triton(repository, log, server_key)
 
     def _run_server(self, server_key: str, points, venv: Path | None) -> None:

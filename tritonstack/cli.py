@@ -119,7 +119,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         # In order: the gateway stops accepting and its in-flight requests finish, then Triton.
         if gateway is not None:
-            gateway.stop()
+            gateway_code = gateway.stop()
+            print(
+                f"gateway stopped (haproxy exit code {gateway_code}), stopping Triton", flush=True
+            )
         code = server.stop()
     print(f"stopped (tritonserver exit code {code})", flush=True)
     return 0

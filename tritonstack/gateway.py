@@ -176,6 +176,7 @@ class Gateway:
         }
         env.update(
             GATEWAY_ADDRESS=self.address,
+            GATEWAY_PUBLISH_ADDRESS=self.address,
             GATEWAY_HTTP_PORT=str(self.http_port),
             GATEWAY_GRPC_PORT=str(self.grpc_port),
             GATEWAY_METRICS_PORT=str(self.metrics_port),

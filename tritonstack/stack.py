@@ -1,7 +1,8 @@
-"""`tritonstack up`: Triton, Prometheus and the Locust web UI on loopback, without Docker.
+"""`tritonstack up`: Triton, the gateway, Prometheus and the Locust web UI on loopback, no Docker.
 
-The same three services as the compose stack, on one machine: the embedded Triton
-(tritonstack.runtime), Prometheus with the project's scrape jobs and rules rendered for loopback
+The same services as the compose stack, on one machine: the embedded Triton
+(tritonstack.runtime) behind the HAProxy gateway (tritonstack.gateway, `--no-gateway` to skip it),
+Prometheus with the project's scrape jobs and rules rendered for loopback
 (tritonstack.promconfig), and Locust's web UI driving Triton with the project's locustfile and
 serving its client-side metrics to Prometheus. Prometheus is optional: without the binary the
 rest runs and one line says how to get it.
@@ -163,8 +164,11 @@ def prometheus_child(binary: str, args: argparse.Namespace, run_dir: Path, logs:
     from tritonstack.promconfig import render
 
     exporters = [] if args.no_locust else [f"{ADDRESS}:{args.locust_metrics_port}"]
+    gateway_metrics = f"{ADDRESS}:{args.gateway_metrics_port}" if args.gateway else None
     config = run_dir / "prometheus.yml"
-    config.write_text(render(f"{ADDRESS}:{args.metrics_port}", exporters))
+    config.write_text(
+        render(f"{ADDRESS}:{args.metrics_port}", exporters, gateway_metrics=gateway_metrics)
+    )
     data = args.prometheus_data or run_dir / "prometheus-data"
     return Child(
         "prometheus",
@@ -210,8 +214,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     ports = parser.add_argument_group("ports (all on 127.0.0.1)")
     for option, default, what in (
-        ("--http-port", 8000, "Triton HTTP"),
-        ("--grpc-port", 8001, "Triton gRPC"),
+        ("--http-port", 8000, "clients' HTTP (the gateway; Triton with --no-gateway)"),
+        ("--grpc-port", 8001, "clients' gRPC (the gateway; Triton with --no-gateway)"),
         ("--metrics-port", 8002, "Triton metrics"),
         ("--prometheus-port", 9090, "Prometheus"),
         ("--locust-port", 8089, "Locust web UI"),
@@ -243,17 +247,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=180.0, help="seconds to wait for each service"
     )
+    from tritonstack.gateway import add_arguments
+
+    add_arguments(parser)
 
 
 @dataclass
 class _Stack:
     triton: object | None = None
+    gateway: object | None = None
     children: list[Child] = field(default_factory=list)
 
     def stop(self) -> None:
-        """Load generator first, then Prometheus, then Triton (which drains in-flight requests)."""
+        """Load generator first, then Prometheus, then the gateway (answers what it accepted),
+        then Triton (which drains in-flight requests)."""
         for child in reversed(self.children):
             child.terminate()
+        if self.gateway is not None:
+            self.gateway.stop()
         if self.triton is not None:
             self.triton.stop()
         for child in reversed(self.children):
@@ -261,13 +272,20 @@ class _Stack:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tritonstack import gateway as gw
     from tritonstack.runtime import EmbeddedTriton
 
+    args.address = ADDRESS
+    gw.check_arguments(args)
     ports = {
         "--http-port": args.http_port,
         "--grpc-port": args.grpc_port,
         "--metrics-port": args.metrics_port,
     }
+    if args.gateway:
+        ports["--triton-http-port"] = args.triton_http_port
+        ports["--triton-grpc-port"] = args.triton_grpc_port
+        ports["--gateway-metrics-port"] = args.gateway_metrics_port
     prometheus = find_prometheus(args.prometheus_bin)
     if prometheus:
         ports["--prometheus-port"] = args.prometheus_port
@@ -299,15 +317,20 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_locust:
             children.append(locust_child(args, logs))
         print(f"starting Triton (models in {args.model_repository})", flush=True)
+        triton_http_port, triton_grpc_port = gw.triton_ports(args)
         stack.triton = EmbeddedTriton(
             model_repository=args.model_repository,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
+            http_port=triton_http_port,
+            grpc_port=triton_grpc_port,
             metrics_port=args.metrics_port,
             address=ADDRESS,
             log_path=logs / "triton.log",
         )
         stack.triton.start(timeout=args.timeout)
+        if args.gateway:
+            print("starting the gateway", flush=True)
+            stack.gateway = gw.from_arguments(args, stack.triton, log_path=logs / "haproxy.log")
+            stack.gateway.start()
         urls = {}
         for child in children:
             print(f"starting {child.name}", flush=True)
@@ -329,14 +352,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"ready: {', '.join(triton.served)}", flush=True)
         if triton.skipped:
             print(f"not served on CPU (GPU only): {', '.join(triton.skipped)}", flush=True)
-        rows = {
-            "Triton HTTP": f"http://{triton.http_url}",
-            "Triton gRPC": triton.grpc_url,
-            "Triton metrics": triton.metrics_url,
-            **urls,
-        }
+        rows = {**gw.endpoint_rows(triton, stack.gateway), **urls}
         for label, url in rows.items():
-            print(f"  {label:<15} {url}", flush=True)
+            print(f"  {label:<26} {url}", flush=True)
         if args.log_dir:
             print(f"logs in {args.log_dir}", flush=True)
         print("Ctrl-C stops everything", flush=True)
@@ -346,6 +364,12 @@ def run(args: argparse.Namespace) -> int:
                 print(_tail("tritonserver", logs / "triton.log"), file=sys.stderr)
                 raise UserError(
                     f"tritonserver exited unexpectedly with code {triton.process.returncode}; "
+                    "stopped the rest"
+                )
+            if stack.gateway is not None and stack.gateway.process.poll() is not None:
+                print(stack.gateway.log_tail(), file=sys.stderr)
+                raise UserError(
+                    f"haproxy exited unexpectedly with code {stack.gateway.process.returncode}; "
                     "stopped the rest"
                 )
             for child in stack.children:

@@ -28,6 +28,7 @@ SERVER_NAMES = {
     "triton:all-x1": "Triton, 1 instance of every model",
     "triton:queue-policy": "Triton, queue policy",
     "triton:queue-policy-x1": "Triton, queue policy, 1 instance of every model",
+    "gateway:default": "Triton behind the gateway (HAProxy)",
     "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
     "fastapi-x2": "FastAPI + onnxruntime (2 uvicorn workers)",
     "mlserver": "MLServer 1.7.1, adaptive batching",
@@ -249,6 +250,41 @@ def queue_findings(results: dict) -> list[str]:
     return found
 
 
+def gateway_findings(results: dict) -> list[str]:
+    """The gateway family read side by side: throughput, latency and CPU per request."""
+    from tritonstack.benchmarks.scenarios import GATEWAY_SERVER
+
+    parts = []
+    for point in results["points"]:
+        if point["server"] != GATEWAY_SERVER:
+            continue
+        direct = _get(results, TRITON, point["model"], point["protocol"], point["concurrency"])
+        if not direct or not _rps(direct):
+            continue
+        a, b = point["summary"], direct["summary"]
+        cpu_a, cpu_b = _cpu_us(point), _cpu_us(direct)
+        cpu = (
+            f", CPU {cpu_a:.0f} vs {cpu_b:.0f} µs per request"
+            if cpu_a is not None and cpu_b is not None
+            else ""
+        )
+        parts.append(
+            f"`{point['model']}` c={point['concurrency']}: {_rps(point) / _rps(direct):.2f}x the "
+            f"direct throughput, p50 {a['p50_ms']:.1f} vs {b['p50_ms']:.1f} "
+            f"ms, p99 {a['p99_ms']['median']:.1f} vs {b['p99_ms']['median']:.1f} ms{cpu}"
+        )
+    if not parts:
+        return []
+    return [
+        "Through the gateway vs direct (gateway first): " + "; ".join(parts) + ". The gateway "
+        "(HAProxy, gateway/haproxy.cfg) parses every request's JSON to check its shape and "
+        "relays it to Triton over a kept-alive connection; on 2 cores its CPU comes out of "
+        "what Triton could have used. What it buys: overload answered with fast 503s and "
+        "counted, bad shapes refused before Triton, admin APIs unreachable, API keys, TLS and "
+        "balancing over replicas (docs/operations.md)."
+    ]
+
+
 def _num(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
@@ -445,6 +481,9 @@ def render_markdown(results: dict) -> str:
             continue
         out += [f"## {FAMILIES[family][0].upper()}{FAMILIES[family][1:]}", ""]
         out += [family_table(results, family), ""]
+        if family == "gateway":
+            for finding in gateway_findings(results):
+                out += [finding, ""]
         if family == "queue":
             for finding in queue_findings(results):
                 out += [finding, ""]

@@ -17,6 +17,7 @@ FAMILIES = {
     "delay": "queue delay sweep (max_queue_delay_microseconds)",
     "instances": "instance count 1 vs 2 (the Python models, the classifier, all three)",
     "queue": "a queue policy (the old overload protection) vs none: the batcher stall it costs",
+    "gateway": "through the gateway (HAProxy) vs Triton direct: what admission control costs",
     "protocols": "HTTP/JSON vs HTTP binary tensors vs gRPC",
     "concurrency": "concurrency sweep",
     "baselines": "FastAPI + onnxruntime, MLServer (adaptive batching) vs Triton",
@@ -36,6 +37,7 @@ SERVER_ORDER = (
     "triton:all-x1",
     "triton:queue-policy",
     "triton:queue-policy-x1",
+    "gateway:default",
     "fastapi",
     "fastapi-x2",
     "mlserver",
@@ -95,12 +97,14 @@ QUICK = Settings(
     reps=2,
     memory_requests=5_000,
     concurrencies=(1, 64),
-    baseline_concurrencies=(1, 16),
+    baseline_concurrencies=(16,),  # c=1 left to the full run: room for the gateway family
     sweep_models=("classifier", "pipeline"),
     memory_chunk_s=1,
 )
 
 TRITON = "triton:default"
+#: The committed repository behind the gateway (gateway/haproxy.cfg, committed limits).
+GATEWAY_SERVER = "gateway:default"
 JSON = "http-json"
 
 
@@ -157,6 +161,12 @@ def family_points(family: str, s: Settings) -> list[Point]:
             for m, c in cases
             for server in servers
         ]
+    if family == "gateway":
+        # Up to 32 clients: the gateway's committed in-flight cap per replica, so every request is
+        # admitted and the two sides answer the same load (past it the gateway queues, then 503s).
+        cases = [("classifier", 32)] if s.quick else [("classifier", 16), ("classifier", 32)]
+        cases += [] if s.quick else [("pipeline", 16), ("classify", 16)]
+        return [Point(server, m, JSON, c) for m, c in cases for server in (TRITON, GATEWAY_SERVER)]
     if family == "protocols":
         models = ("pipeline",) if s.quick else ("classifier", "pipeline")
         return [

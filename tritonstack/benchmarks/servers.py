@@ -36,16 +36,18 @@ LABELS = DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt"
 
 
 class ProcessTree:
-    """CPU seconds and RSS of a process and all its descendants."""
+    """CPU seconds and RSS of a process and all its descendants (of several, for a server made
+    of separate processes: Triton and the gateway in front of it)."""
 
-    def __init__(self, pid: int):
-        self.root = psutil.Process(pid)
+    def __init__(self, pid: int, *more: int):
+        self.roots = [psutil.Process(p) for p in (pid, *more)]
 
     def processes(self) -> list[psutil.Process]:
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        found = []
+        for root in self.roots:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found += [root, *root.children(recursive=True)]
+        return found
 
     def cpu_seconds(self) -> dict[int, float]:
         times = {}
@@ -98,6 +100,8 @@ class Server:
     metrics: str | None  # full URL of a Prometheus endpoint
     pid: int
     stop_callback: object = field(repr=False, default=None)
+    #: Processes outside `pid`'s tree that serve the same requests (the gateway's haproxy).
+    other_pids: tuple[int, ...] = ()
 
     def url(self, protocol: str, model: str) -> str:
         if protocol == "grpc":
@@ -107,7 +111,7 @@ class Server:
         return f"http://{self.http}/v2/models/{model}/infer"
 
     def tree(self) -> ProcessTree:
-        return ProcessTree(self.pid)
+        return ProcessTree(self.pid, *self.other_pids)
 
     def stop(self) -> None:
         if self.stop_callback is not None:
@@ -121,6 +125,47 @@ def start_triton(repository: Path, log_path: Path, name: str) -> Server:
     triton.start(timeout=180)
     return Server(
         name, triton.http_url, triton.grpc_url, triton.metrics_url, triton.process.pid, triton.stop
+    )
+
+
+def start_gateway(repository: Path, log_path: Path, name: str) -> Server:
+    """Triton on `repository` behind the gateway (gateway/haproxy.cfg, its committed limits):
+    requests go to HAProxy's ports; CPU and memory count tritonserver and haproxy."""
+    from tritonstack.gateway import Gateway
+
+    http, grpc, metrics = free_ports(3)
+    gateway_http, gateway_grpc, gateway_metrics = free_ports(3)
+    triton = EmbeddedTriton(repository, http, grpc, metrics, log_path=log_path)
+    triton.start(timeout=180)
+    gateway = Gateway(
+        http,
+        grpc,
+        http_port=gateway_http,
+        grpc_port=gateway_grpc,
+        metrics_port=gateway_metrics,
+        model_repository=repository,
+        log_path=log_path.with_suffix(".haproxy.log"),
+    )
+    try:
+        gateway.start()
+    except BaseException:
+        triton.stop()
+        raise
+
+    def stop() -> None:
+        try:
+            gateway.stop()  # drains first: nothing in flight is cut
+        finally:
+            triton.stop()
+
+    return Server(
+        name,
+        gateway.http_url,
+        gateway.grpc_url,
+        triton.metrics_url,
+        triton.process.pid,
+        stop,
+        other_pids=(gateway.process.pid,),
     )
 
 
