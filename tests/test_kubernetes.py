@@ -32,7 +32,7 @@ KUBERNETES = ROOT / "deploy" / "kubernetes"
 #: (autoscaling/v2 and policy/v1 exist in both; kubernetes-validate ships the schemas).
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 OVERLAYS = ("gpu", "cpu")
-COMPONENTS = ("locust", "keda")
+COMPONENTS = ("locust", "keda", "api-keys")
 #: Every overlay alone, and each with every optional component.
 VARIANTS = [(overlay, ()) for overlay in OVERLAYS] + [(o, COMPONENTS) for o in OVERLAYS]
 CRD_FILES = {
@@ -265,9 +265,9 @@ def test_triton_runs_the_compose_image_and_entrypoint(rendered, overlay) -> None
     assert "command" not in triton and "args" not in triton and "command" not in service
 
 
-def published_ports() -> set[int]:
+def compose_ports() -> set[int]:
     service = compose()["services"]["triton"]
-    ports = {int(str(p).rsplit(":", 1)[1]) for p in service["ports"]}
+    ports = {int(str(p).rsplit(":", 1)[1]) for p in service.get("ports", [])}
     return ports | {int(p) for p in service.get("expose", [])}
 
 
@@ -279,7 +279,7 @@ def test_triton_ports_match_compose_and_the_dockerfile(rendered, overlay) -> Non
         int(p)
         for p in re.findall(r"\d+", re.search(r"^EXPOSE (.+)$", dockerfile_triton(), re.M)[1])
     }
-    assert set(ports.values()) == published_ports() == exposed
+    assert set(ports.values()) == compose_ports() == exposed
     entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
     for name, variable in (("http", "HTTP"), ("grpc", "GRPC"), ("metrics", "METRICS")):
         default = re.search(rf"{variable}_PORT=\$\{{TRITON_{variable}_PORT:-(\d+)\}}", entrypoint)
@@ -496,7 +496,17 @@ def test_only_the_gateway_reaches_triton_and_only_prometheus_the_metrics(
     assert admitted(triton, "metrics") == [PROMETHEUS_PEER]
     gateway = find(objects, "NetworkPolicy", "gateway")
     assert admitted(gateway, "metrics") == [PROMETHEUS_PEER]
-    assert admitted(gateway, "http") == [None]  # clients
+    variables = gateway_environment(objects)
+    if "api-keys" in components:
+        # Open to the cluster only with keys, which haproxy.cfg then enforces.
+        assert admitted(gateway, "http") == admitted(gateway, "grpc") == [None]
+        assert variables["GATEWAY_API_KEYS"] and variables["GATEWAY_PUBLISH_ADDRESS"] != "127.0.0.1"
+        mounts = container(objects, "gateway")["volumeMounts"]
+        assert any(variables["GATEWAY_API_KEYS"].startswith(m["mountPath"] + "/") for m in mounts)
+    else:
+        # Without keys, as compose on loopback: only pods of the namespace are clients.
+        assert admitted(gateway, "http") == admitted(gateway, "grpc") == [{"podSelector": {}}]
+        assert "GATEWAY_API_KEYS" not in variables
     # Each policy's pod selector picks its Deployment's pods; every named port exists.
     for name in ("triton", "gateway"):
         policy = find(objects, "NetworkPolicy", name)
