@@ -740,6 +740,7 @@ def haproxy_check(env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**base, **env})
 
 
+@pytest.mark.integration  # runs haproxy -c
 def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) -> None:
     from tritonstack.gateway import limits
 
@@ -769,6 +770,7 @@ def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) 
     assert checked.returncode == 0, checked.stderr
 
 
+@pytest.mark.integration  # runs haproxy -c
 def test_gateway_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
     env = {"GATEWAY_PUBLISH_ADDRESS": "0.0.0.0"}
     refused = haproxy_check(env)
