@@ -236,9 +236,10 @@ def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict
     generated = {
         entry.split(":")[0] for entry in secrets["environment"]["TRITONSTACK_SECRETS"].split()
     }
-    assert generated == {secret_file, key_file}
+    gateway_key = gpu["services"]["gateway"]["environment"]["GATEWAY_GENERATED_API_KEYS"]
+    assert generated == {secret_file, key_file, gateway_key}
     assert secrets["environment"]["GRAFANA_ADMIN_PASSWORD"] == ""  # empty: generate one
-    for name in ("grafana", "triton"):
+    for name in ("grafana", "triton", "gateway"):
         service = gpu["services"][name]
         assert service["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
         assert "secrets:/run/secrets/tritonstack:ro" in service["volumes"]
@@ -780,6 +781,9 @@ def test_gateway_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
     keys.write_text("k" * 32 + " client\n")
     assert haproxy_check({**env, "GATEWAY_API_KEYS": str(keys)}).returncode == 0
     assert haproxy_check({"GATEWAY_PUBLISH_ADDRESS": "127.0.0.1"}).returncode == 0
+    # compose's generated key stands in for a keys file beyond loopback
+    generated = {**env, "GATEWAY_GENERATED_API_KEYS": str(keys)}
+    assert haproxy_check(generated).returncode == 0
 
 
 def test_ci_installs_haproxy_and_lint_checks_the_config() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import ssl
 import subprocess
 
@@ -15,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import embeddings, free_ports, require_tool
+from tests.conftest import ROOT, embeddings, free_ports, require_tool
 from tritonstack.cli import main as cli_main
 from tritonstack.client import MODEL_OUTPUTS, infer
 from tritonstack.gateway import Gateway, limits
@@ -414,3 +415,34 @@ def test_the_example_keys_file_is_what_the_gateway_reads():
     assert parse_keys(CONFIG.parent / "api-keys.example") == {
         "replace-me-with-a-random-key-0001": "example-client"
     }
+
+
+def test_compose_generated_key_guards_a_gateway_published_beyond_loopback(triton, tmp_path):
+    """`docker compose up` with GATEWAY_BIND beyond loopback and no keys file: the key that
+    compose's `secrets` service generated (scripts/secrets.sh, run for real) is required; on
+    loopback the same file is ignored and inference needs no key."""
+    require_tool("haproxy")
+    key_file = tmp_path / "secrets" / "gateway-api-key"
+    spec = f"{key_file}:{os.getuid()}:GATEWAY_API_KEY"
+    environment = {"PATH": "/usr/bin:/bin", "TRITONSTACK_SECRETS": spec}
+    script = ROOT / "scripts" / "secrets.sh"
+    generated = subprocess.run(
+        ["/bin/sh", str(script), "generate"], env=environment, capture_output=True, text=True
+    )
+    assert generated.returncode == 0, generated.stderr
+    key = key_file.read_text().strip()
+    path, body = "/v2/models/pipeline/infer", infer_body([1, 128])
+    for published, needs_key in (("192.0.2.10", True), ("127.0.0.1", False)):
+
+        class ComposeGateway(Gateway):
+            def environment(self) -> dict[str, str]:  # what compose's `gateway` service sets
+                env = super().environment()
+                env["GATEWAY_PUBLISH_ADDRESS"] = published  # noqa: B023
+                env["GATEWAY_GENERATED_API_KEYS"] = str(key_file)
+                return env
+
+        with ComposeGateway.for_triton(triton, **gateway_ports()) as gateway:
+            anonymous = call(gateway.http_url, "POST", path, body)[0]
+            keyed = call(gateway.http_url, "POST", path, body, {"Authorization": f"Bearer {key}"})
+            assert keyed[0] == 200, (published, keyed)
+            assert anonymous == (401 if needs_key else 200), published
