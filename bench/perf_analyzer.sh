@@ -16,7 +16,7 @@ mkdir -p "$results"
 # key (read from the secrets volume, mounted read-only). perf_analyzer sends each -H as an HTTP
 # header, and over gRPC as call metadata, where Triton's restricted-protocol check looks for the
 # key under `triton-grpc-protocol-<header>`.
-key_file=${ADMIN_KEY_FILE:-/var/cache/tritonstack/admin-key}
+key_file=${ADMIN_KEY_FILE:-/run/secrets/tritonstack/admin-key}
 if [[ ! -r $key_file ]]; then
   echo "perf_analyzer.sh: cannot read the admin key $key_file (set ADMIN_KEY_FILE); perf_analyzer needs it for the statistics API" >&2
   exit 1

@@ -9,8 +9,8 @@ load (`constant`).
 - `step`: the users in STEPS equal steps, each held for a quarter of the test: average batch size
   and latency grow with concurrency, and the step where latency bends is the capacity.
 - `spike`: a quarter of the users, then all of them at once (spawned within a second) for the
-  middle fifth of the test, then back: the queue fills faster than the batcher drains it, which
-  is what a queue policy (max_queue_size, timeouts -> 503) is for.
+  middle fifth of the test, then back: more requests arrive than Triton drains, which is what
+  the gateway's admission control (a bounded wait, then 503 with Retry-After) is for.
 - `soak`: all users, held for long (30 minutes unless `--run-time` says otherwise): memory growth,
   slow leaks, and latency drift show up only over time.
 """
