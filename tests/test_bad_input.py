@@ -153,8 +153,8 @@ BAD_HTTP = [
 
 # Triton 2.51's HTTP frontend answers 500 to bodies it cannot parse (upstream
 # triton-inference-server/server#8762, fix proposed in #8773). The message is still clear and
-# the server stays ready; docs/versions.md documents it. These tests pin that behaviour so an upgrade
-# that fixes it is noticed.
+# the server stays ready; docs/versions.md documents it. These tests pin that behaviour so an
+# upgrade that fixes it is noticed.
 UPSTREAM_500 = [
     ("body is not JSON", "pipeline", "features=1,2,3", "failed to parse the request JSON buffer"),
     (
