@@ -99,8 +99,8 @@ detect_gpu() {
     if listed=$(nvidia-smi -L 2>/dev/null) && [[ $listed == *GPU* ]]; then
       die "nvidia-smi lists ${listed//$'\n'/; } but cannot report its compute capability" \
         "(${out//$'\n'/ }): the driver is too old for this image (CUDA 13: driver R580 or" \
-        "later, README prerequisites). Update the driver, or serve on CPU deliberately with" \
-        "TRITONSTACK_DEVICE=cpu (compose.cpu.yml)"
+        "later, docs/deployment.md prerequisites). Update the driver, or serve on CPU" \
+        "deliberately with TRITONSTACK_DEVICE=cpu (compose.cpu.yml)"
     fi
     log "WARNING: nvidia-smi is in the container but failed (${out//$'\n'/ }), so this" \
       "container serves on CPU. If it was given a GPU, the host's driver is broken;" \

@@ -153,8 +153,8 @@ BAD_HTTP = [
 
 # Triton 2.51's HTTP frontend answers 500 to bodies it cannot parse (upstream
 # triton-inference-server/server#8762, fix proposed in #8773). The message is still clear and
-# the server stays ready; README documents it. These tests pin that behaviour so an upgrade
-# that fixes it is noticed.
+# the server stays ready; docs/versions.md documents it. These tests pin that behaviour so an
+# upgrade that fixes it is noticed.
 UPSTREAM_500 = [
     ("body is not JSON", "pipeline", "features=1,2,3", "failed to parse the request JSON buffer"),
     (
@@ -228,7 +228,7 @@ def test_bad_grpc_request_is_invalid_argument(gateway, shape, datatype, message)
 def test_non_finite_features_are_served_not_crashed(gateway):
     """NaN/Inf pass through the MLP as NaN scores; argmax of a NaN row picks class 0.
 
-    Triton does not validate values, only shapes and types: documented in README.
+    Triton does not validate values, only shapes and types: documented in docs/security.md.
     """
     features = embeddings(4)
     features[0, :] = np.nan

@@ -365,7 +365,7 @@ def test_every_pod_is_locked_down(rendered, overlay, components) -> None:
 
 def test_triton_runs_as_the_image_user(rendered) -> None:
     assert re.search(r"^USER triton-server$", dockerfile_triton(), re.M)
-    # uid 1000 is triton-server in NVIDIA's image (README, security facts).
+    # uid 1000 is triton-server in NVIDIA's image (docs/security.md).
     objects = rendered[("cpu", ())]
     context = find(objects, "Deployment", "triton")["spec"]["template"]["spec"]["securityContext"]
     assert context["runAsUser"] == 1000 and context["runAsGroup"] == 1000

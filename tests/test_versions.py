@@ -156,12 +156,12 @@ def test_every_image_is_in_the_version_table_with_its_tag() -> None:
     assert "haproxy" in table  # the gateway's row, filled in by the gateway's branch
 
 
-def test_readme_quotes_the_pinned_versions() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_deployment_doc_quotes_the_pinned_versions() -> None:
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
     for image in used_images():
         name, tag = image.rsplit(":", 1)
         if name.startswith(("prom/", "grafana/", "nvcr.io/")) and not tag.endswith("-sdk"):
-            assert tag in readme, image
+            assert tag in deployment, image
 
 
 def test_every_cve_in_the_security_table_is_fixed_by_the_pinned_release() -> None:
