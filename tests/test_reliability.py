@@ -167,7 +167,7 @@ def test_dead_stub_that_no_probe_reaches_is_detected(supervised):
         assert infer(url, "classify", np.zeros((1, 128), np.float32))["score"].shape == (1, 1)
 
 
-def test_request_that_aborts_triton_is_survived(supervised):
+def test_upstream_pin_2_51_bad_alloc_abort_is_survived(supervised):
     """Upstream Triton 2.51: a JSON shape declaring ~1e8 rows makes the HTTP frontend allocate
     that much and abort (std::bad_alloc). Nothing in front of Triton can stop it here, so the
     supervisor's job is to bring the server back; docs/security.md tells deployers to validate
