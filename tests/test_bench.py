@@ -1,5 +1,5 @@
-"""tritonstack bench: the pure parts (statistics, saturation, targets, variants, plan, report)
-unit-tested; `tritonstack bench --quick` run end to end against real servers (smoke)."""
+"""python -m bench: the pure parts (statistics, saturation, targets, variants, plan, report)
+unit-tested; `python -m bench --quick` run end to end against real servers (smoke)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPOSITORY, require_tool
-from tritonstack.bench import PROFILED, Progress
-from tritonstack.benchmarks import explain, report
-from tritonstack.benchmarks.loadgen import binary_body, features, json_body
-from tritonstack.benchmarks.profile import StubProfile, parse_raw
-from tritonstack.benchmarks.scenarios import (
+from bench import explain, report
+from bench.loadgen import binary_body, features, json_body
+from bench.profile import StubProfile, parse_raw
+from bench.runner import PROFILED, Progress, main
+from bench.scenarios import (
     FAMILIES,
     FULL,
     QUICK,
@@ -26,7 +25,7 @@ from tritonstack.benchmarks.scenarios import (
     family_points,
     plan,
 )
-from tritonstack.benchmarks.stats import (
+from bench.stats import (
     Rep,
     Spread,
     average_batch,
@@ -37,8 +36,8 @@ from tritonstack.benchmarks.stats import (
     spread,
     summarize,
 )
-from tritonstack.benchmarks.variants import VARIANTS, write_variant
-from tritonstack.cli import main
+from bench.variants import VARIANTS, write_variant
+from tests.conftest import REPOSITORY, require_tool
 from tritonstack.errors import UserError
 from tritonstack.repository import iter_models
 
@@ -208,7 +207,7 @@ def test_run_lengths():
 
 
 def fake_results(settings=QUICK, rps=None, load=0.1) -> dict:
-    """Results as `tritonstack bench` writes them, for every planned point."""
+    """Results as `python -m bench` writes them, for every planned point."""
     rps = rps or {}
     points = []
     for server, planned in plan(FAMILIES, settings):
@@ -235,7 +234,7 @@ def fake_results(settings=QUICK, rps=None, load=0.1) -> dict:
         "families": list(FAMILIES),
         "started": "2026-01-01T00:00:00+00:00",
         "duration_s": 125,
-        "command": "tritonstack bench --quick",
+        "command": "python -m bench --quick",
         "cpu": "test CPU",
         "cores": 2,
         "memory_gib": 8.0,
@@ -411,12 +410,12 @@ def test_progress_line_counts_steps_and_minutes(capsys):
 
 
 def test_quick_run_may_not_overwrite_the_committed_docs(capsys):
-    assert main(["bench", "--quick", "--out", str(REPOSITORY.parent / "docs")]) == 1
+    assert main(["--quick", "--out", str(REPOSITORY.parent / "docs")]) == 1
     assert "must not replace docs/benchmarks.md" in capsys.readouterr().err
 
 
 def test_unknown_scenario_family(capsys):
-    assert main(["bench", "--quick", "--scenarios", "models,nope", "--out", "/tmp/x"]) == 1
+    assert main(["--quick", "--scenarios", "models,nope", "--out", "/tmp/x"]) == 1
     assert "unknown scenario family ['nope']" in capsys.readouterr().err
 
 
@@ -428,7 +427,7 @@ def test_unknown_scenario_family(capsys):
 def test_quick_bench_end_to_end(tmp_path, capsys):
     """Every scenario family against real servers; the numbers are smoke, their shape is not."""
     require_tool("wrk")
-    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
     progress = capsys.readouterr().out
     # The shape of the progress line, not its clock: on a fresh machine the first step also
     # installs the baselines (pip, a minute or more), so the elapsed time may pass 0:59.
@@ -498,7 +497,7 @@ def test_committed_docs_are_a_full_run_or_the_pending_page():
         assert text == report.render_pending(), "regenerate with report.render_pending()"
         return
     assert "QUICK MODE" not in text
-    assert "Measured by `tritonstack bench` on" in text
+    assert "Measured by `python -m bench` on" in text
     assert "\n".join(report.method_sections()) in text
     for name in report.PLOTS:
         assert (docs / "benchmarks" / f"{name}.png").is_file()

@@ -32,10 +32,6 @@ PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
     # "name": ("tritonstack.module", "one-line help"),
     "loadtest": ("tritonstack.loadtest", "headless Locust run with pass/fail gates"),
     "dashboards": ("tritonstack.dashboards", "regenerate grafana/dashboards/*.json"),
-    "bench": (
-        "tritonstack.bench",
-        "side-by-side benchmarks: Triton variants, protocols, baselines",
-    ),
     "top": ("tritonstack.top", "live per-model view of Triton's metrics in the terminal"),
     "soak": ("tritonstack.soak", "steady load for N minutes: RSS, /dev/shm and latency drift"),
     "up": ("tritonstack.stack", "Triton, Prometheus and the Locust web UI on loopback, no Docker"),

@@ -29,7 +29,7 @@ from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.errors import UserError
 from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
 
-BENCH_DIR = Path(__file__).resolve().parent.parent.parent / "bench"
+BENCH_DIR = Path(__file__).resolve().parent
 REQUIREMENTS = BENCH_DIR / "requirements-baselines.txt"
 MODEL_ONNX = DEFAULT_MODEL_REPOSITORY / "classifier" / "1" / "model.onnx"
 LABELS = DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt"

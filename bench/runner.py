@@ -1,4 +1,4 @@
-"""`tritonstack bench`: Triton variants, protocols and baselines measured side by side.
+"""`python -m bench`: Triton variants, protocols and baselines measured side by side.
 
 Every server is started fresh for its scenarios and stopped before the next one starts; each
 point gets a check request, a warm-up, then several timed repetitions whose medians and spread
@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 import urllib.request
@@ -45,9 +46,13 @@ PROFILED = {
 PROFILE_CLIENTS = 16
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    from tritonstack.benchmarks.scenarios import FAMILIES
+def build_parser() -> argparse.ArgumentParser:
+    from bench.scenarios import FAMILIES
 
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Triton variants, protocols and baselines measured side by side.",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -67,10 +72,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grpc-processes", type=int, default=2, help="gRPC load processes (default 2)"
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench`: a problem the user can fix ends as one line on stderr, exit 1."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except UserError as exc:
+        print(f"python -m bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 def run(args: argparse.Namespace) -> int:
-    from tritonstack.benchmarks.scenarios import FAMILIES, FULL, QUICK
+    from bench.scenarios import FAMILIES, FULL, QUICK
 
     families = [f.strip() for f in args.scenarios.split(",") if f.strip()]
     unknown = sorted(set(families) - set(FAMILIES))
@@ -117,7 +135,7 @@ def _clock(seconds: float) -> str:
 
 class Bench:
     def __init__(self, settings, families: list[str], out: Path, grpc_processes: int):
-        from tritonstack.benchmarks.loadgen import wrk_path
+        from bench.loadgen import wrk_path
 
         wrk_path()  # fail before starting anything when wrk is missing
         self.settings = settings
@@ -130,9 +148,9 @@ class Bench:
         self.profiles: dict[str, dict] = {}
 
     def run(self) -> None:
-        from tritonstack.benchmarks import report
-        from tritonstack.benchmarks.loadgen import Generator
-        from tritonstack.benchmarks.scenarios import BASELINES, estimate_seconds, plan
+        from bench import report
+        from bench.loadgen import Generator
+        from bench.scenarios import BASELINES, estimate_seconds, plan
 
         started = datetime.now(timezone.utc)
         load_before = os.getloadavg()
@@ -149,7 +167,7 @@ class Bench:
                 estimates += [self.settings.warmup_s + self.settings.seconds + 3] * len(PROFILED)
         total = sum(estimates)
         print(
-            f"tritonstack bench ({self.settings.label}): {len(the_plan)} servers, "
+            f"python -m bench ({self.settings.label}): {len(the_plan)} servers, "
             f"{sum(len(p) for _, p in the_plan)} points, about {_clock(total)} "
             f"(min:s) plus first-time installs; logs in {self.workdir}",
             flush=True,
@@ -158,7 +176,7 @@ class Bench:
         self.generator = Generator(self.workdir / "load", grpc_processes=self.grpc_processes)
         venv = None
         if any(server in BASELINES for server, _ in the_plan):
-            from tritonstack.benchmarks.servers import baseline_venv
+            from bench.servers import baseline_venv
 
             venv = baseline_venv(progress=lambda text: print(text, flush=True))
         clean = False
@@ -186,8 +204,8 @@ class Bench:
     # -- servers -------------------------------------------------------------------------------
 
     def _start(self, server_key: str, venv: Path | None):
-        from tritonstack.benchmarks import servers
-        from tritonstack.benchmarks.variants import write_variant
+        from bench import servers
+        from bench.variants import write_variant
 
         log = self.workdir / f"{server_key.replace(':', '-')}.log"
         if server_key == "fastapi":
@@ -220,9 +238,9 @@ class Bench:
     # -- one point -----------------------------------------------------------------------------
 
     def _measure(self, server, point) -> None:
-        from tritonstack.benchmarks.loadgen import Target
-        from tritonstack.benchmarks.servers import cpu_delta
-        from tritonstack.benchmarks.stats import (
+        from bench.loadgen import Target
+        from bench.servers import cpu_delta
+        from bench.stats import (
             Rep,
             queue_stall_note,
             saturation_notes,
@@ -335,7 +353,7 @@ class Bench:
 
     @staticmethod
     def _avg_batch(server, point, counters: dict) -> float | None:
-        from tritonstack.benchmarks.stats import average_batch
+        from bench.stats import average_batch
 
         if server.name.startswith("fastapi"):
             return 1.0  # one request, one session.run
@@ -347,14 +365,14 @@ class Bench:
     # -- profiles ------------------------------------------------------------------------------
 
     def _profiling(self, server_key: str) -> bool:
-        from tritonstack.benchmarks.scenarios import TRITON
+        from bench.scenarios import TRITON
 
         return server_key == TRITON and "models" in self.families
 
     def _profile(self, server) -> None:
         """py-spy on the stubs while each model of the models family runs at 16 clients."""
-        from tritonstack.benchmarks.loadgen import Target
-        from tritonstack.benchmarks.profile import profile_stubs
+        from bench.loadgen import Target
+        from bench.profile import profile_stubs
 
         for sent, stubs in PROFILED.items():
             target = Target("http-json", server.url("http-json", sent), sent)
@@ -376,7 +394,7 @@ class Bench:
     # -- memory --------------------------------------------------------------------------------
 
     def _memory(self, server) -> None:
-        from tritonstack.benchmarks.loadgen import Target
+        from bench.loadgen import Target
 
         s = self.settings
         targets = [
@@ -430,7 +448,7 @@ class Bench:
         }
         versions["tritonserver"] = "2.51.0"
         if venv is not None:
-            from tritonstack.benchmarks.servers import REQUIREMENTS
+            from bench.servers import REQUIREMENTS
 
             for line in REQUIREMENTS.read_text().splitlines():
                 name = line.split("==")[0].split("[")[0].lower()
@@ -443,7 +461,7 @@ class Bench:
             "families": self.families,
             "started": started.isoformat(timespec="seconds"),
             "duration_s": round((finished - started).total_seconds()),
-            "command": "tritonstack bench" + (" --quick" if self.settings.quick else ""),
+            "command": "python -m bench" + (" --quick" if self.settings.quick else ""),
             "cpu": cpu_model,
             "cores": os.cpu_count(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
@@ -459,7 +477,7 @@ class Bench:
 def _wrk_version() -> str:
     import subprocess
 
-    from tritonstack.benchmarks.loadgen import wrk_path
+    from bench.loadgen import wrk_path
 
     done = subprocess.run([wrk_path(), "--version"], capture_output=True, text=True)
     return (

@@ -1,4 +1,4 @@
-"""What `tritonstack bench` measures: scenario families, their points, the run settings.
+"""What `python -m bench` measures: scenario families, their points, the run settings.
 
 A point is one (server, model, protocol, concurrency). Families share points (the `classifier`
 at 32 clients on the default repository is both the batching-on row and the 100 us row of the

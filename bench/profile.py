@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonstack.benchmarks.servers import ProcessTree, process_role
+from bench.servers import ProcessTree, process_role
 
 #: Samples per second and process: enough for a few thousand samples in a 5 s point.
 RATE = 250

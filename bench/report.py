@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tritonstack.benchmarks.scenarios import BASELINES, DELAY_SERVERS, FAMILIES, TRITON, Point
-from tritonstack.benchmarks.stats import Target, ratio_target
+from bench.scenarios import BASELINES, DELAY_SERVERS, FAMILIES, TRITON, Point
+from bench.stats import Target, ratio_target
 
 PLOTS = {
     "throughput": "throughput vs concurrency (HTTP/JSON, batch-1 requests)",
@@ -253,7 +253,7 @@ def queue_findings(results: dict) -> list[str]:
 
 def gateway_findings(results: dict) -> list[str]:
     """The gateway family read side by side: throughput, latency and CPU per request."""
-    from tritonstack.benchmarks.scenarios import GATEWAY_SERVER
+    from bench.scenarios import GATEWAY_SERVER
 
     parts = []
     for point in results["points"]:
@@ -332,7 +332,7 @@ def _label(point: dict, family: str) -> str:
 
 
 def family_table(results: dict, family: str) -> str:
-    from tritonstack.benchmarks.scenarios import FULL, QUICK, family_points
+    from bench.scenarios import FULL, QUICK, family_points
 
     settings = QUICK if results["meta"]["quick"] else FULL
     rows = [TABLE_HEAD]
@@ -377,7 +377,7 @@ def _breakdown(results: dict) -> str:
 
 def _why_section(results: dict) -> list[str]:
     """The targets explained: CPU per request by process, py-spy on the stubs, the bounds."""
-    from tritonstack.benchmarks import explain
+    from bench import explain
 
     cpu, profiles = explain.cpu_table(results), explain.profile_table(results)
     if not cpu:
@@ -415,7 +415,7 @@ def render_markdown(results: dict) -> str:
         out += [
             "> **QUICK MODE: smoke numbers, not results.** Short runs, few points, "
             f"{meta['settings']['memory_requests']:,} requests for the memory check. "
-            "Run `tritonstack bench` on a quiet machine for numbers worth quoting.",
+            "Run `python -m bench` on a quiet machine for numbers worth quoting.",
             "",
         ]
     if meta["load_before"][0] > 0.5 * meta["cores"]:
@@ -590,15 +590,16 @@ def method_sections() -> list[str]:
         "## How to reproduce",
         "",
         "```bash",
-        "apt-get install wrk                  # the HTTP load generator",
-        "tritonstack bench                    # full run: this file and docs/benchmarks/*.png",
-        "tritonstack bench --quick --out /tmp/bench   # smoke run, < 3 min, every scenario family",
+        "apt-get install wrk                 # the HTTP load generator",
+        "pip install -e '.[bench]'           # from a checkout: py-spy for the stub profiles",
+        "python -m bench                     # full run: this file and docs/benchmarks/*.png",
+        "python -m bench --quick --out /tmp/bench   # smoke run, < 3 min, every scenario family",
         "```",
         "",
         "The baselines install once into `~/.cache/tritonstack/bench-venv-<hash>` from "
         "`bench/requirements-baselines.txt` (FastAPI app: `bench/fastapi_app.py`; MLServer "
         "runtime: `bench/mlserver_runtime.py`). Triton variants are copies of `model_repository/` "
-        "with one field changed (`tritonstack/benchmarks/variants.py`).",
+        "with one field changed (`bench/variants.py`).",
         "",
         "## On a GPU host: perf_analyzer under compose",
         "",
@@ -626,7 +627,7 @@ def render_pending() -> str:
         [
             "# Benchmarks",
             "",
-            "**No full run recorded yet.** `tritonstack bench` replaces this file with a full "
+            "**No full run recorded yet.** `python -m bench` replaces this file with a full "
             "run's tables and plots (about 15 minutes on a quiet 2-core machine). It measures: "
             + "; ".join(FAMILIES.values())
             + ". Targets it evaluates: "

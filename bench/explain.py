@@ -9,7 +9,7 @@ own Python cost nothing. Pure functions of the results dict, so they are unit-te
 
 from __future__ import annotations
 
-from tritonstack.benchmarks.scenarios import TRITON
+from bench.scenarios import TRITON
 
 JSON = "http-json"
 #: Below this many µs per request a process only idled (a stub the request never reached).
