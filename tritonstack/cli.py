@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
-from tritonstack.errors import UserError
+from tritonstack.errors import UserError, require_extra
 
 
 def _repository_arg(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +45,7 @@ def gateway_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    require_extra("export")
     from tritonstack.export import export
 
     export(args.model_repository, seed=args.seed)
