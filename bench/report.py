@@ -9,29 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.scenarios import BASELINES, DELAY_SERVERS, FAMILIES, TRITON, Point
+from bench.scenarios import DELAY_SERVERS, FAMILIES, SERVERS, TRITON, Point
 from bench.stats import Target, ratio_target
 
 PLOTS = {
     "throughput": "throughput vs concurrency (HTTP/JSON, batch-1 requests)",
     "latency": "p99 latency vs throughput (each marker one concurrency)",
-}
-SERVER_NAMES = {
-    "triton:default": "Triton",
-    "triton:classification": "Triton, classification extension",
-    "triton:batching-off": "Triton, batching off",
-    "triton:delay-0": "Triton, delay 0 us",
-    "triton:delay-500": "Triton, delay 500 us",
-    "triton:delay-2000": "Triton, delay 2000 us",
-    "triton:python-x1": "Triton, 1 instance of each Python model",
-    "triton:classifier-x1": "Triton, 1 classifier instance",
-    "triton:all-x1": "Triton, 1 instance of every model",
-    "triton:queue-policy": "Triton, queue policy",
-    "triton:queue-policy-x1": "Triton, queue policy, 1 instance of every model",
-    "gateway:default": "Triton behind the gateway (HAProxy)",
-    "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
-    "fastapi-x2": "FastAPI + onnxruntime (2 uvicorn workers)",
-    "mlserver": "MLServer 1.7.1, adaptive batching",
 }
 
 #: The GPU bench profile for docker-compose.yml (integrated by the compose owner, issue #3).
@@ -192,7 +175,7 @@ def single_instance(results: dict) -> list[str]:
             )
         if parts:
             found.append(
-                f"With {what} (variant `{variant.split(':')[1]}`, everything else as "
+                f"With {what} (variant `{SERVERS[variant].variant}`, everything else as "
                 "committed): " + "; ".join(parts) + "."
             )
     classification = _get(results, "triton:classification", "classifier", "http-classification", 16)
@@ -317,9 +300,9 @@ def _row(label: str, point: dict | None) -> str:
 
 
 def _label(point: dict, family: str) -> str:
-    server = SERVER_NAMES.get(point["server"], point["server"])
+    server = SERVERS[point["server"]].title
     model = point["model"]
-    if family in ("baselines",) and point["server"] in BASELINES:
+    if family == "baselines" and SERVERS[point["server"]].baseline:
         return f"{server}, c={point['concurrency']}"
     if family == "delay":
         us = next(u for u, srv in DELAY_SERVERS.items() if srv == point["server"])
@@ -347,7 +330,7 @@ def _notes(results: dict) -> list[str]:
     for point in results["points"]:
         for note in point["summary"]["notes"]:
             lines.append(
-                f"- {SERVER_NAMES.get(point['server'], point['server'])} `{point['model']}` "
+                f"- {SERVERS[point['server']].title} `{point['model']}` "
                 f"{point['protocol']} c={point['concurrency']}: {note}"
             )
     return lines
@@ -450,7 +433,7 @@ def render_markdown(results: dict) -> str:
     out += [f"| {t.name} | {t.verdict} | {t.detail} |" for t in targets(results)]
     out.append("")
     flagged = [
-        f"`{p['model']}` on {SERVER_NAMES.get(p['server'], p['server'])} c={p['concurrency']}"
+        f"`{p['model']}` on {SERVERS[p['server']].title} c={p['concurrency']}"
         for p in (
             _get(results, *key_)
             for key_ in (
@@ -645,8 +628,8 @@ def series(results: dict) -> dict[str, list[tuple[int, float, float]]]:
     for point in results["points"]:
         if point["protocol"] != "http-json":
             continue
-        name = SERVER_NAMES.get(point["server"], point["server"])
-        label = name if point["server"] in BASELINES else f"{name}: {point['model']}"
+        spec = SERVERS[point["server"]]
+        label = spec.title if spec.baseline else f"{spec.title}: {point['model']}"
         s = point["summary"]
         found.setdefault(label, []).append(
             (point["concurrency"], s["rps"]["median"], s["p99_ms"]["median"])

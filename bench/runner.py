@@ -150,7 +150,7 @@ class Bench:
     def run(self) -> None:
         from bench import report
         from bench.loadgen import Generator
-        from bench.scenarios import BASELINES, estimate_seconds, plan
+        from bench.scenarios import SERVERS, estimate_seconds, plan
 
         started = datetime.now(timezone.utc)
         load_before = os.getloadavg()
@@ -158,8 +158,9 @@ class Bench:
         estimates = []  # one per progress line: a server start, a point, the memory soak
         for server, points in the_plan:
             start = estimate_seconds(server, [], self.settings)
-            if server == "memory":
-                estimates += [6.0, start - 6.0]
+            spec = SERVERS[server]
+            if spec.memory_soak:
+                estimates += [spec.start_seconds, start - spec.start_seconds]
                 continue
             per_point = estimate_seconds(server, points, self.settings) - start
             estimates += [start] + [per_point / len(points)] * len(points)
@@ -175,7 +176,7 @@ class Bench:
         self.progress = Progress(estimates)
         self.generator = Generator(self.workdir / "load", grpc_processes=self.grpc_processes)
         venv = None
-        if any(server in BASELINES for server, _ in the_plan):
+        if any(SERVERS[server].baseline for server, _ in the_plan):
             from bench.servers import baseline_venv
 
             venv = baseline_venv(progress=lambda text: print(text, flush=True))
@@ -205,28 +206,29 @@ class Bench:
 
     def _start(self, server_key: str, venv: Path | None):
         from bench import servers
+        from bench.scenarios import SERVERS
         from bench.variants import write_variant
 
+        spec = SERVERS[server_key]
         log = self.workdir / f"{server_key.replace(':', '-')}.log"
-        if server_key == "fastapi":
-            return servers.start_fastapi(venv, log)
-        if server_key == "fastapi-x2":
-            return servers.start_fastapi(venv, log, workers=2)
-        if server_key == "mlserver":
+        if spec.kind == "fastapi":
+            return servers.start_fastapi(venv, log, spec.key, workers=spec.workers)
+        if spec.kind == "mlserver":
             return servers.start_mlserver(venv, log)
-        variant = "default" if server_key == "memory" else server_key.split(":", 1)[1]
         repository = self.workdir / "repositories" / server_key.replace(":", "-")
-        write_variant(DEFAULT_MODEL_REPOSITORY, repository, variant)
-        if server_key.startswith("gateway:"):
-            return servers.start_gateway(repository, log, server_key)
-        return servers.start_triton(repository, log, server_key)
+        write_variant(DEFAULT_MODEL_REPOSITORY, repository, spec.variant)
+        if spec.kind == "gateway":
+            return servers.start_gateway(repository, log, spec.key)
+        return servers.start_triton(repository, log, spec.key)
 
     def _run_server(self, server_key: str, points, venv: Path | None) -> None:
+        from bench.scenarios import SERVERS
+
         started = time.monotonic()
         server = self._start(server_key, venv)
         self.progress.step(f"started {server_key} in {time.monotonic() - started:.1f} s")
         try:
-            if server_key == "memory":
+            if SERVERS[server_key].memory_soak:
                 self._memory(server)
             for point in points:
                 self._measure(server, point)
@@ -287,7 +289,7 @@ class Bench:
         summary.avg_batch = self._avg_batch(server, point, counters)
         summary.notes = saturation_notes(summary, os.cpu_count() or 1, point.concurrency)
         stall = queue_stall_note(counters, summary.server_cores, os.cpu_count() or 1)
-        if stall and server.name.startswith("triton"):
+        if stall and point.spec.kind == "triton":
             summary.notes.append(stall)
         self.points[point.key] = {
             **asdict(point),
@@ -323,12 +325,13 @@ class Bench:
                 raise UserError(f"{url}: classification answer is not score:index:label: {top!r}")
 
     def _counters(self, server) -> dict:
+        from bench.scenarios import SERVERS
         from tritonstack.metrics import model_value, scrape
 
         if server.metrics is None:
             return {}
         samples = scrape(server.metrics)
-        if server.name == "mlserver":
+        if SERVERS[server.name].kind == "mlserver":
             return {
                 "classifier": {
                     "inferences": sum(
@@ -355,7 +358,7 @@ class Bench:
     def _avg_batch(server, point, counters: dict) -> float | None:
         from bench.stats import average_batch
 
-        if server.name.startswith("fastapi"):
+        if point.spec.kind == "fastapi":
             return 1.0  # one request, one session.run
         model = counters.get("classifier")
         if not model:

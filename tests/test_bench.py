@@ -20,7 +20,7 @@ from bench.scenarios import (
     FAMILIES,
     FULL,
     QUICK,
-    SERVER_ORDER,
+    SERVERS,
     estimate_seconds,
     family_points,
     plan,
@@ -182,9 +182,9 @@ def test_unknown_variant_is_a_user_error(tmp_path):
 def test_plan_covers_every_family_once_per_point(settings):
     the_plan = plan(FAMILIES, settings)
     servers = [server for server, _ in the_plan]
-    assert servers == [s for s in SERVER_ORDER if s in servers]
+    assert servers == [s for s in SERVERS if s in servers]
     if not settings.quick:  # the quick run may leave a server out, never the full one
-        assert servers == list(SERVER_ORDER)
+        assert servers == list(SERVERS)
     measured = [p for _, points in the_plan for p in points]
     assert len(measured) == len(set(measured))
     for family in FAMILIES:
@@ -192,6 +192,22 @@ def test_plan_covers_every_family_once_per_point(settings):
             assert family_points(family, settings), family
             assert set(family_points(family, settings)) <= set(measured)
     assert all(p.server == server for server, points in the_plan for p in points)
+
+
+def test_every_server_is_registered_once_with_a_known_variant():
+    """The registry is the one place a server is named: every point's server is in it, and
+    every Triton it starts serves a variant bench/variants.py can write."""
+    for key, spec in SERVERS.items():
+        assert spec.key == key
+        assert spec.variant in VARIANTS, key
+    used = {p.server for f in FAMILIES for s in (QUICK, FULL) for p in family_points(f, s)}
+    assert used <= set(SERVERS), used - set(SERVERS)
+    assert [spec.kind for spec in SERVERS.values() if spec.memory_soak] == ["triton"]
+    assert {spec.key for spec in SERVERS.values() if spec.baseline} == {
+        "fastapi",
+        "fastapi-x2",
+        "mlserver",
+    }
 
 
 def test_run_lengths():
