@@ -28,7 +28,9 @@ CPU_ROWS = (
 
 
 def _point(results: dict, server: str, model: str, c: int) -> dict | None:
-    wanted = f"{server}|{model}|{JSON}|c{c}"
+    from bench.report import key
+
+    wanted = key(server, model, JSON, c)
     return next((p for p in results["points"] if p["key"] == wanted), None)
 
 

@@ -47,6 +47,8 @@ TARGET_NAMES = (
 
 
 def key(server: str, model: str, protocol: str, concurrency: int) -> str:
+    if server not in SERVERS:  # a misspelt key would otherwise read as "not run"
+        raise KeyError(f"{server!r} is not a server of bench.scenarios.SERVERS")
     return Point(server, model, protocol, concurrency).key
 
 
