@@ -2,7 +2,7 @@
 
 MLServer has no ONNX runtime of its own, so this is the custom `MLModel` its docs describe:
 `load` opens the ONNX session, `predict` runs one batch. With `max_batch_size` and
-`max_batch_time` in model-settings.json (written by tritonstack bench: 64 rows and 100 us, as
+`max_batch_time` in model-settings.json (written by `python -m bench`: 64 rows and 100 us, as
 Triton's dynamic batcher is configured), MLServer merges concurrent requests into one `predict`.
 Rows per `predict` are recorded in the custom histogram `tritonstack_batch_rows` on MLServer's
 metrics port, so the bench reports the average batch size as it does for Triton.

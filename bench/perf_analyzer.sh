@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU bench: perf_analyzer (Triton SDK image) against the compose stack's `triton` service, the
-# same scenarios as `tritonstack bench` measures natively: classifier direct vs pipeline vs
+# same scenarios as `python -m bench` measures natively: classifier direct vs pipeline vs
 # classify, HTTP (JSON and binary) vs gRPC, batch-1 requests, concurrency 1 -> 64.
 # Run by the compose profile `bench` (docs/benchmarks.md); CSVs go to $RESULTS (default /results).
 set -euo pipefail

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+from bench.loadgen import Generator, Target
+from bench.servers import start_triton
+from bench.variants import write_variant
 from tests.conftest import require_tool
 from tritonstack import DEFAULT_MODEL_REPOSITORY
-from tritonstack.benchmarks.loadgen import Generator, Target
-from tritonstack.benchmarks.servers import start_triton
-from tritonstack.benchmarks.variants import write_variant
 from tritonstack.metrics import model_value, scrape
 
 pytestmark = pytest.mark.integration

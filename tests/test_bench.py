@@ -1,5 +1,5 @@
-"""tritonstack bench: the pure parts (statistics, saturation, targets, variants, plan, report)
-unit-tested; `tritonstack bench --quick` run end to end against real servers (smoke)."""
+"""python -m bench: the pure parts (statistics, saturation, targets, variants, plan, report)
+unit-tested; `python -m bench --quick` run end to end against real servers (smoke)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPOSITORY, require_tool
-from tritonstack.bench import PROFILED, Progress
-from tritonstack.benchmarks import explain, report
-from tritonstack.benchmarks.loadgen import binary_body, features, json_body
-from tritonstack.benchmarks.profile import StubProfile, parse_raw
-from tritonstack.benchmarks.scenarios import (
+from bench import explain, report
+from bench.loadgen import binary_body, features, json_body
+from bench.profile import StubProfile, parse_raw
+from bench.runner import PROFILED, Progress, main
+from bench.scenarios import (
     FAMILIES,
     FULL,
     QUICK,
-    SERVER_ORDER,
+    SERVERS,
     estimate_seconds,
     family_points,
     plan,
 )
-from tritonstack.benchmarks.stats import (
+from bench.stats import (
     Rep,
     Spread,
     average_batch,
@@ -37,8 +36,8 @@ from tritonstack.benchmarks.stats import (
     spread,
     summarize,
 )
-from tritonstack.benchmarks.variants import VARIANTS, write_variant
-from tritonstack.cli import main
+from bench.variants import VARIANTS, write_variant
+from tests.conftest import REPOSITORY, require_tool
 from tritonstack.errors import UserError
 from tritonstack.repository import iter_models
 
@@ -183,9 +182,9 @@ def test_unknown_variant_is_a_user_error(tmp_path):
 def test_plan_covers_every_family_once_per_point(settings):
     the_plan = plan(FAMILIES, settings)
     servers = [server for server, _ in the_plan]
-    assert servers == [s for s in SERVER_ORDER if s in servers]
+    assert servers == [s for s in SERVERS if s in servers]
     if not settings.quick:  # the quick run may leave a server out, never the full one
-        assert servers == list(SERVER_ORDER)
+        assert servers == list(SERVERS)
     measured = [p for _, points in the_plan for p in points]
     assert len(measured) == len(set(measured))
     for family in FAMILIES:
@@ -193,6 +192,22 @@ def test_plan_covers_every_family_once_per_point(settings):
             assert family_points(family, settings), family
             assert set(family_points(family, settings)) <= set(measured)
     assert all(p.server == server for server, points in the_plan for p in points)
+
+
+def test_every_server_is_registered_once_with_a_known_variant():
+    """The registry is the one place a server is named: every point's server is in it, and
+    every Triton it starts serves a variant bench/variants.py can write."""
+    for key, spec in SERVERS.items():
+        assert spec.key == key
+        assert spec.variant in VARIANTS, key
+    used = {p.server for f in FAMILIES for s in (QUICK, FULL) for p in family_points(f, s)}
+    assert used <= set(SERVERS), used - set(SERVERS)
+    assert [spec.kind for spec in SERVERS.values() if spec.memory_soak] == ["triton"]
+    assert {spec.key for spec in SERVERS.values() if spec.baseline} == {
+        "fastapi",
+        "fastapi-x2",
+        "mlserver",
+    }
 
 
 def test_run_lengths():
@@ -208,7 +223,7 @@ def test_run_lengths():
 
 
 def fake_results(settings=QUICK, rps=None, load=0.1) -> dict:
-    """Results as `tritonstack bench` writes them, for every planned point."""
+    """Results as `python -m bench` writes them, for every planned point."""
     rps = rps or {}
     points = []
     for server, planned in plan(FAMILIES, settings):
@@ -235,7 +250,7 @@ def fake_results(settings=QUICK, rps=None, load=0.1) -> dict:
         "families": list(FAMILIES),
         "started": "2026-01-01T00:00:00+00:00",
         "duration_s": 125,
-        "command": "tritonstack bench --quick",
+        "command": "python -m bench --quick",
         "cpu": "test CPU",
         "cores": 2,
         "memory_gib": 8.0,
@@ -411,13 +426,44 @@ def test_progress_line_counts_steps_and_minutes(capsys):
 
 
 def test_quick_run_may_not_overwrite_the_committed_docs(capsys):
-    assert main(["bench", "--quick", "--out", str(REPOSITORY.parent / "docs")]) == 1
+    assert main(["--quick", "--out", str(REPOSITORY.parent / "docs")]) == 1
     assert "must not replace docs/benchmarks.md" in capsys.readouterr().err
 
 
 def test_unknown_scenario_family(capsys):
-    assert main(["bench", "--quick", "--scenarios", "models,nope", "--out", "/tmp/x"]) == 1
+    assert main(["--quick", "--scenarios", "models,nope", "--out", "/tmp/x"]) == 1
     assert "unknown scenario family ['nope']" in capsys.readouterr().err
+
+
+# -- packaging -------------------------------------------------------------------------------
+
+
+# Marked integration though it starts no server: pip builds the wheel in an isolated
+# environment (~15 s on 2 busy cores), too slow for `make test-unit`'s minute.
+@pytest.mark.integration
+def test_the_wheel_holds_the_product_and_no_benchmark_code(tmp_path):
+    """`pip install tritonstack` gets the product package; the benchmark stays in the checkout."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    # A copy of what the build reads, bench/ included, so setuptools' build/ and egg-info
+    # land in tmp_path and not in the checkout.
+    source, root = tmp_path / "source", REPOSITORY.parent
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("tritonstack", "bench"):
+        shutil.copytree(root / name, source / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, source / name)
+    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path)]
+    subprocess.run([*command, str(source)], check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("tritonstack-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"tritonstack"}, top
+    assert "tritonstack/cli.py" in names
+    assert not [n for n in names if "bench" in n.split("/")[-1] or "/benchmarks/" in n], names
 
 
 # -- the real thing (smoke) ------------------------------------------------------------------
@@ -428,7 +474,7 @@ def test_unknown_scenario_family(capsys):
 def test_quick_bench_end_to_end(tmp_path, capsys):
     """Every scenario family against real servers; the numbers are smoke, their shape is not."""
     require_tool("wrk")
-    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
     progress = capsys.readouterr().out
     # The shape of the progress line, not its clock: on a fresh machine the first step also
     # installs the baselines (pip, a minute or more), so the elapsed time may pass 0:59.
@@ -498,7 +544,7 @@ def test_committed_docs_are_a_full_run_or_the_pending_page():
         assert text == report.render_pending(), "regenerate with report.render_pending()"
         return
     assert "QUICK MODE" not in text
-    assert "Measured by `tritonstack bench` on" in text
+    assert "Measured by `python -m bench` on" in text
     assert "\n".join(report.method_sections()) in text
     for name in report.PLOTS:
         assert (docs / "benchmarks" / f"{name}.png").is_file()

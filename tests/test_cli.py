@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from importlib.metadata import packages_distributions, requires
 
 import numpy as np
 import pytest
 
 from tests.conftest import free_ports
+from tritonstack.errors import EXTRAS
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -75,3 +78,39 @@ def test_infer_rejects_a_file_that_is_not_npy(tmp_path):
     path = tmp_path / "bad.npy"
     path.write_text("not numpy")
     assert_one_line_error(run("infer", "--input", str(path)), "cannot read a .npy array")
+
+
+def test_a_command_whose_extra_is_missing_names_the_extra(tmp_path):
+    """`tritonstack export` without the [export] extra: one line naming it, nothing written.
+    The child process blocks the extra's modules (None in sys.modules makes their import fail),
+    as a `pip install tritonstack` without extras leaves them out."""
+    repository = tmp_path / "model_repository"
+    blocked = " = ".join(f"sys.modules[{module!r}]" for module in EXTRAS)
+    code = f"import sys; {blocked} = None; from tritonstack.cli import main; sys.exit(main())"
+    result = subprocess.run(
+        [sys.executable, "-c", code, "export", "--model-repository", str(repository)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_one_line_error(
+        result,
+        "export: error: needs the [export] extra (sklearn, skl2onnx not installed): "
+        "pip install 'tritonstack[export]'",
+    )
+    assert not repository.exists()
+
+
+def test_each_extra_named_in_errors_is_declared_in_pyproject():
+    """EXTRAS says which extra installs a module; the package metadata must say the same, and
+    the core dependencies must not pull those modules in anyway."""
+    declared = requires("tritonstack") or []
+    for module, extra in EXTRAS.items():
+        for distribution in packages_distributions()[module]:
+            lines = [
+                line
+                for line in declared
+                if re.split(r"[=<>~!\[; ]", line, maxsplit=1)[0].lower() == distribution.lower()
+            ]
+            assert lines, (module, distribution)
+            assert all(f'extra == "{extra}"' in line for line in lines), lines

@@ -716,9 +716,9 @@ def test_model_repository_is_read_only_for_the_server(gpu: dict) -> None:
 
 
 def test_gpu_bench_profile_is_the_one_the_benchmark_docs_describe(gpu: dict) -> None:
-    """The `bench` profile's service equals tritonstack bench's COMPOSE_BENCH (which
+    """The `bench` profile's service equals python -m bench's COMPOSE_BENCH (which
     docs/benchmarks.md prints) and uses the SDK image of Dockerfile.triton's release."""
-    from tritonstack.benchmarks.report import COMPOSE_BENCH
+    from bench.report import COMPOSE_BENCH
 
     documented = yaml.safe_load(COMPOSE_BENCH)["perf-analyzer"]
     committed = yaml.safe_load(COMPOSE.read_text())["services"]["perf-analyzer"]

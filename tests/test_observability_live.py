@@ -31,9 +31,9 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
+from bench.loadgen import Generator, Target
 from tests.conftest import REPOSITORY, embeddings, free_ports, require_tool
 from tritonstack import dashboards
-from tritonstack.benchmarks.loadgen import Generator, Target
 from tritonstack.gateway import Gateway
 from tritonstack.metrics import scrape
 from tritonstack.promconfig import PROMETHEUS_DIR, render

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
-from tritonstack.errors import UserError
+from tritonstack.errors import UserError, require_extra
 
 
 def _repository_arg(parser: argparse.ArgumentParser) -> None:
@@ -32,10 +32,6 @@ PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
     # "name": ("tritonstack.module", "one-line help"),
     "loadtest": ("tritonstack.loadtest", "headless Locust run with pass/fail gates"),
     "dashboards": ("tritonstack.dashboards", "regenerate grafana/dashboards/*.json"),
-    "bench": (
-        "tritonstack.bench",
-        "side-by-side benchmarks: Triton variants, protocols, baselines",
-    ),
     "top": ("tritonstack.top", "live per-model view of Triton's metrics in the terminal"),
     "soak": ("tritonstack.soak", "steady load for N minutes: RSS, /dev/shm and latency drift"),
     "up": ("tritonstack.stack", "Triton, Prometheus and the Locust web UI on loopback, no Docker"),
@@ -49,6 +45,7 @@ def gateway_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    require_extra("export")
     from tritonstack.export import export
 
     export(args.model_repository, seed=args.seed)

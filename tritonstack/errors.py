@@ -1,5 +1,40 @@
-"""The one exception type the CLI turns into a single readable line instead of a traceback."""
+"""The one exception type the CLI turns into a single readable line instead of a traceback, and
+the check that an optional extra is installed before a command needs it."""
 
 
 class UserError(Exception):
     """Something the user can fix: the message says what was wrong, where, and how to fix it."""
+
+
+#: Top-level modules an optional feature imports -> the extra of pyproject.toml that installs
+#: them (tests/test_cli.py checks the two agree).
+EXTRAS: dict[str, str] = {"sklearn": "export", "skl2onnx": "export"}
+
+
+def missing_extra(extra: str) -> UserError | None:
+    """The error to raise when a module of `extra` is not importable, else None."""
+    from importlib.util import find_spec
+
+    missing = []
+    for module, wanted in EXTRAS.items():
+        if wanted != extra:
+            continue
+        try:
+            found = find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    if not missing:
+        return None
+    return UserError(
+        f"needs the [{extra}] extra ({', '.join(missing)} not installed): "
+        f"pip install 'tritonstack[{extra}]'"
+    )
+
+
+def require_extra(extra: str) -> None:
+    """Fail with one line naming the extra before a command starts work it cannot finish."""
+    error = missing_extra(extra)
+    if error is not None:
+        raise error

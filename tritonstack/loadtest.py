@@ -2,7 +2,7 @@
 
 Locust runs as a subprocess (`python -m locust -f loadtest/locustfile.py`): it monkey-patches the
 standard library with gevent on import, which must not happen inside the caller (the CLI, pytest,
-`tritonstack bench`). The run writes into its results folder:
+`python -m bench`). The run writes into its results folder:
 
     locust_stats.csv, locust_failures.csv, locust_exceptions.csv, locust_stats_history.csv
     report.html        Locust's HTML report

@@ -9,7 +9,7 @@ own Python cost nothing. Pure functions of the results dict, so they are unit-te
 
 from __future__ import annotations
 
-from tritonstack.benchmarks.scenarios import TRITON
+from bench.scenarios import SERVERS, TRITON
 
 JSON = "http-json"
 #: Below this many µs per request a process only idled (a stub the request never reached).
@@ -28,7 +28,9 @@ CPU_ROWS = (
 
 
 def _point(results: dict, server: str, model: str, c: int) -> dict | None:
-    wanted = f"{server}|{model}|{JSON}|c{c}"
+    from bench.report import key
+
+    wanted = key(server, model, JSON, c)
     return next((p for p in results["points"] if p["key"] == wanted), None)
 
 
@@ -65,7 +67,7 @@ def cpu_table(results: dict) -> str:
             f"{costs[k]:.0f}" if costs.get(k, 0) >= IDLE_US else ""
             for k in ("tritonserver", *STUBS)
         ]
-        if server.startswith("fastapi"):
+        if SERVERS[server].kind == "fastapi":
             cells = ["", "", "", ""]  # one uvicorn process: only the total is meaningful
         lines.append(
             f"| {label} | " + " | ".join(cells) + f" | {sum(costs.values()):.0f} | "

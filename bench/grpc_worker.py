@@ -4,7 +4,7 @@ Sends pre-serialised ModelInferRequest bytes through a raw unary method (no per-
 work), records each latency. Protocol with the parent: print READY after one successful call,
 wait for GO on stdin, run for the given seconds, write a JSON report.
 
-Usage: python -m tritonstack.benchmarks.grpc_worker HOST:PORT BODY CONCURRENCY SECONDS OUT
+Usage: python -m bench.grpc_worker HOST:PORT BODY CONCURRENCY SECONDS OUT
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What `tritonstack bench` measures: scenario families, their points, the run settings.
+"""What `python -m bench` measures: scenario families, their points, the run settings.
 
 A point is one (server, model, protocol, concurrency). Families share points (the `classifier`
 at 32 clients on the default repository is both the batching-on row and the 100 us row of the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 FAMILIES = {
     "models": "classifier direct vs pipeline (ensemble) vs classify (BLS) vs labels by Triton",
@@ -24,29 +25,72 @@ FAMILIES = {
     "memory": "server RSS after warm-up vs after many requests",
 }
 
-#: Server keys: "triton:<repository variant>" or a baseline name, in the order they run.
-SERVER_ORDER = (
-    "triton:default",
-    "triton:classification",
-    "triton:batching-off",
-    "triton:delay-0",
-    "triton:delay-500",
-    "triton:delay-2000",
-    "triton:python-x1",
-    "triton:classifier-x1",
-    "triton:all-x1",
-    "triton:queue-policy",
-    "triton:queue-policy-x1",
-    "gateway:default",
-    "fastapi",
-    "fastapi-x2",
-    "mlserver",
-    "memory",
-)
-#: The servers users would pick instead of Triton (started from the baselines' virtualenv).
-BASELINES = ("fastapi", "fastapi-x2", "mlserver")
-DELAY_SERVERS = {0: "triton:delay-0", 100: "triton:default", 500: "triton:delay-500"} | {
-    2000: "triton:delay-2000"
+ServerKind = Literal["triton", "gateway", "fastapi", "mlserver"]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server the bench starts: what it runs, how the report names it, what a start costs."""
+
+    key: str  # its id in results.json and in every point's key
+    kind: ServerKind
+    title: str
+    variant: str = "default"  # the model-repository variant (bench/variants.py) Triton serves
+    workers: int = 1  # uvicorn workers
+    start_seconds: float = 6.0  # for the progress line's ETA
+    #: the memory family's server: a fresh Triton driven for many requests, RSS before and
+    #: after, no points of its own
+    memory_soak: bool = False
+
+    @property
+    def baseline(self) -> bool:
+        """A server users would pick instead of Triton (started from the baselines' venv)."""
+        return self.kind in ("fastapi", "mlserver")
+
+
+def _triton(variant: str, title: str) -> ServerSpec:
+    return ServerSpec(f"triton:{variant}", "triton", title, variant=variant)
+
+
+#: Every server, in the order a run starts them.
+SERVERS: dict[str, ServerSpec] = {
+    spec.key: spec
+    for spec in (
+        _triton("default", "Triton"),
+        _triton("classification", "Triton, classification extension"),
+        _triton("batching-off", "Triton, batching off"),
+        _triton("delay-0", "Triton, delay 0 us"),
+        _triton("delay-500", "Triton, delay 500 us"),
+        _triton("delay-2000", "Triton, delay 2000 us"),
+        _triton("python-x1", "Triton, 1 instance of each Python model"),
+        _triton("classifier-x1", "Triton, 1 classifier instance"),
+        _triton("all-x1", "Triton, 1 instance of every model"),
+        _triton("queue-policy", "Triton, queue policy"),
+        _triton("queue-policy-x1", "Triton, queue policy, 1 instance of every model"),
+        # the committed repository behind the gateway (gateway/haproxy.cfg, committed limits)
+        ServerSpec("gateway:default", "gateway", "Triton behind the gateway (HAProxy)"),
+        ServerSpec(
+            "fastapi", "fastapi", "FastAPI + onnxruntime (1 uvicorn worker)", start_seconds=4.0
+        ),
+        ServerSpec(
+            "fastapi-x2",
+            "fastapi",
+            "FastAPI + onnxruntime (2 uvicorn workers)",
+            workers=2,
+            start_seconds=5.0,
+        ),
+        ServerSpec("mlserver", "mlserver", "MLServer 1.7.1, adaptive batching", start_seconds=8.0),
+        ServerSpec("memory", "triton", "Triton, memory soak", memory_soak=True),
+    )
+}
+TRITON = "triton:default"
+GATEWAY_SERVER = "gateway:default"
+#: max_queue_delay_microseconds -> the server measured with it (100 us is the committed value)
+DELAY_SERVERS = {
+    0: "triton:delay-0",
+    100: TRITON,
+    500: "triton:delay-500",
+    2000: "triton:delay-2000",
 }
 
 
@@ -60,6 +104,10 @@ class Point:
     @property
     def key(self) -> str:
         return f"{self.server}|{self.model}|{self.protocol}|c{self.concurrency}"
+
+    @property
+    def spec(self) -> ServerSpec:
+        return SERVERS[self.server]
 
 
 @dataclass(frozen=True)
@@ -102,9 +150,6 @@ QUICK = Settings(
     memory_chunk_s=1,
 )
 
-TRITON = "triton:default"
-#: The committed repository behind the gateway (gateway/haproxy.cfg, committed limits).
-GATEWAY_SERVER = "gateway:default"
 JSON = "http-json"
 
 
@@ -208,20 +253,17 @@ def plan(families: Iterable[str], s: Settings) -> list[tuple[str, list[Point]]]:
             if point not in points:
                 points.append(point)
     if "memory" in families:
-        wanted["memory"] = []
-    return [(server, sorted(wanted[server])) for server in SERVER_ORDER if server in wanted]
-
-
-#: Rough seconds each step takes, for the ETA (refined from the real pace as the run goes).
-START_SECONDS = {"fastapi": 4.0, "fastapi-x2": 5.0, "mlserver": 8.0}
-TRITON_START_SECONDS = 6.0
+        for spec in SERVERS.values():
+            if spec.memory_soak:
+                wanted[spec.key] = []
+    return [(server, sorted(wanted[server])) for server in SERVERS if server in wanted]
 
 
 def estimate_seconds(server: str, points: list[Point], s: Settings) -> float:
-    start = START_SECONDS.get(server, TRITON_START_SECONDS)
+    """Rough seconds a server's start and points take, for the ETA (refined from the real pace
+    as the run goes)."""
+    spec = SERVERS[server]
     per_point = s.warmup_s + s.reps * s.seconds + 0.5
     grpc = sum(1.5 * (s.reps + 1) for p in points if p.protocol == "grpc")
-    memory = 0.0
-    if server == "memory":
-        memory = 2 * s.warmup_s + s.memory_requests / 3000
-    return start + per_point * len(points) + grpc + memory
+    memory = 2 * s.warmup_s + s.memory_requests / 3000 if spec.memory_soak else 0.0
+    return spec.start_seconds + per_point * len(points) + grpc + memory

@@ -29,7 +29,7 @@ from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.errors import UserError
 from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
 
-BENCH_DIR = Path(__file__).resolve().parent.parent.parent / "bench"
+BENCH_DIR = Path(__file__).resolve().parent
 REQUIREMENTS = BENCH_DIR / "requirements-baselines.txt"
 MODEL_ONNX = DEFAULT_MODEL_REPOSITORY / "classifier" / "1" / "model.onnx"
 LABELS = DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt"
@@ -239,7 +239,7 @@ def _stopper(process: subprocess.Popen, workdir: Path | None = None):
     return stop
 
 
-def start_fastapi(venv: Path, log_path: Path, workers: int = 1) -> Server:
+def start_fastapi(venv: Path, log_path: Path, name: str, workers: int = 1) -> Server:
     """uvicorn with one worker (its default) or more, access log off as in production."""
     (port,) = free_ports(1)
     env = dict(os.environ, BENCH_MODEL_ONNX=str(MODEL_ONNX), BENCH_LABELS=str(LABELS))
@@ -267,7 +267,6 @@ def start_fastapi(venv: Path, log_path: Path, workers: int = 1) -> Server:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    name = "fastapi" if workers == 1 else f"fastapi-x{workers}"
     server = Server(name, f"127.0.0.1:{port}", None, None, process.pid, _stopper(process))
     try:
         _wait_http(f"http://127.0.0.1:{port}/v2/health/ready", process, 60, log_path)

@@ -1,4 +1,4 @@
-"""`tritonstack bench`: Triton variants, protocols and baselines measured side by side.
+"""`python -m bench`: Triton variants, protocols and baselines measured side by side.
 
 Every server is started fresh for its scenarios and stopped before the next one starts; each
 point gets a check request, a warm-up, then several timed repetitions whose medians and spread
@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 import urllib.request
@@ -45,9 +46,13 @@ PROFILED = {
 PROFILE_CLIENTS = 16
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    from tritonstack.benchmarks.scenarios import FAMILIES
+def build_parser() -> argparse.ArgumentParser:
+    from bench.scenarios import FAMILIES
 
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Triton variants, protocols and baselines measured side by side.",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -67,10 +72,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grpc-processes", type=int, default=2, help="gRPC load processes (default 2)"
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench`: a problem the user can fix ends as one line on stderr, exit 1."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except UserError as exc:
+        print(f"python -m bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 def run(args: argparse.Namespace) -> int:
-    from tritonstack.benchmarks.scenarios import FAMILIES, FULL, QUICK
+    from bench.scenarios import FAMILIES, FULL, QUICK
 
     families = [f.strip() for f in args.scenarios.split(",") if f.strip()]
     unknown = sorted(set(families) - set(FAMILIES))
@@ -117,7 +135,7 @@ def _clock(seconds: float) -> str:
 
 class Bench:
     def __init__(self, settings, families: list[str], out: Path, grpc_processes: int):
-        from tritonstack.benchmarks.loadgen import wrk_path
+        from bench.loadgen import wrk_path
 
         wrk_path()  # fail before starting anything when wrk is missing
         self.settings = settings
@@ -130,9 +148,9 @@ class Bench:
         self.profiles: dict[str, dict] = {}
 
     def run(self) -> None:
-        from tritonstack.benchmarks import report
-        from tritonstack.benchmarks.loadgen import Generator
-        from tritonstack.benchmarks.scenarios import BASELINES, estimate_seconds, plan
+        from bench import report
+        from bench.loadgen import Generator
+        from bench.scenarios import SERVERS, estimate_seconds, plan
 
         started = datetime.now(timezone.utc)
         load_before = os.getloadavg()
@@ -140,8 +158,9 @@ class Bench:
         estimates = []  # one per progress line: a server start, a point, the memory soak
         for server, points in the_plan:
             start = estimate_seconds(server, [], self.settings)
-            if server == "memory":
-                estimates += [6.0, start - 6.0]
+            spec = SERVERS[server]
+            if spec.memory_soak:
+                estimates += [spec.start_seconds, start - spec.start_seconds]
                 continue
             per_point = estimate_seconds(server, points, self.settings) - start
             estimates += [start] + [per_point / len(points)] * len(points)
@@ -149,7 +168,7 @@ class Bench:
                 estimates += [self.settings.warmup_s + self.settings.seconds + 3] * len(PROFILED)
         total = sum(estimates)
         print(
-            f"tritonstack bench ({self.settings.label}): {len(the_plan)} servers, "
+            f"python -m bench ({self.settings.label}): {len(the_plan)} servers, "
             f"{sum(len(p) for _, p in the_plan)} points, about {_clock(total)} "
             f"(min:s) plus first-time installs; logs in {self.workdir}",
             flush=True,
@@ -157,8 +176,8 @@ class Bench:
         self.progress = Progress(estimates)
         self.generator = Generator(self.workdir / "load", grpc_processes=self.grpc_processes)
         venv = None
-        if any(server in BASELINES for server, _ in the_plan):
-            from tritonstack.benchmarks.servers import baseline_venv
+        if any(SERVERS[server].baseline for server, _ in the_plan):
+            from bench.servers import baseline_venv
 
             venv = baseline_venv(progress=lambda text: print(text, flush=True))
         clean = False
@@ -186,29 +205,30 @@ class Bench:
     # -- servers -------------------------------------------------------------------------------
 
     def _start(self, server_key: str, venv: Path | None):
-        from tritonstack.benchmarks import servers
-        from tritonstack.benchmarks.variants import write_variant
+        from bench import servers
+        from bench.scenarios import SERVERS
+        from bench.variants import write_variant
 
+        spec = SERVERS[server_key]
         log = self.workdir / f"{server_key.replace(':', '-')}.log"
-        if server_key == "fastapi":
-            return servers.start_fastapi(venv, log)
-        if server_key == "fastapi-x2":
-            return servers.start_fastapi(venv, log, workers=2)
-        if server_key == "mlserver":
+        if spec.kind == "fastapi":
+            return servers.start_fastapi(venv, log, spec.key, workers=spec.workers)
+        if spec.kind == "mlserver":
             return servers.start_mlserver(venv, log)
-        variant = "default" if server_key == "memory" else server_key.split(":", 1)[1]
         repository = self.workdir / "repositories" / server_key.replace(":", "-")
-        write_variant(DEFAULT_MODEL_REPOSITORY, repository, variant)
-        if server_key.startswith("gateway:"):
-            return servers.start_gateway(repository, log, server_key)
-        return servers.start_triton(repository, log, server_key)
+        write_variant(DEFAULT_MODEL_REPOSITORY, repository, spec.variant)
+        if spec.kind == "gateway":
+            return servers.start_gateway(repository, log, spec.key)
+        return servers.start_triton(repository, log, spec.key)
 
     def _run_server(self, server_key: str, points, venv: Path | None) -> None:
+        from bench.scenarios import SERVERS
+
         started = time.monotonic()
         server = self._start(server_key, venv)
         self.progress.step(f"started {server_key} in {time.monotonic() - started:.1f} s")
         try:
-            if server_key == "memory":
+            if SERVERS[server_key].memory_soak:
                 self._memory(server)
             for point in points:
                 self._measure(server, point)
@@ -220,9 +240,9 @@ class Bench:
     # -- one point -----------------------------------------------------------------------------
 
     def _measure(self, server, point) -> None:
-        from tritonstack.benchmarks.loadgen import Target
-        from tritonstack.benchmarks.servers import cpu_delta
-        from tritonstack.benchmarks.stats import (
+        from bench.loadgen import Target
+        from bench.servers import cpu_delta
+        from bench.stats import (
             Rep,
             queue_stall_note,
             saturation_notes,
@@ -269,7 +289,7 @@ class Bench:
         summary.avg_batch = self._avg_batch(server, point, counters)
         summary.notes = saturation_notes(summary, os.cpu_count() or 1, point.concurrency)
         stall = queue_stall_note(counters, summary.server_cores, os.cpu_count() or 1)
-        if stall and server.name.startswith("triton"):
+        if stall and point.spec.kind == "triton":
             summary.notes.append(stall)
         self.points[point.key] = {
             **asdict(point),
@@ -305,12 +325,13 @@ class Bench:
                 raise UserError(f"{url}: classification answer is not score:index:label: {top!r}")
 
     def _counters(self, server) -> dict:
+        from bench.scenarios import SERVERS
         from tritonstack.metrics import model_value, scrape
 
         if server.metrics is None:
             return {}
         samples = scrape(server.metrics)
-        if server.name == "mlserver":
+        if SERVERS[server.name].kind == "mlserver":
             return {
                 "classifier": {
                     "inferences": sum(
@@ -335,9 +356,9 @@ class Bench:
 
     @staticmethod
     def _avg_batch(server, point, counters: dict) -> float | None:
-        from tritonstack.benchmarks.stats import average_batch
+        from bench.stats import average_batch
 
-        if server.name.startswith("fastapi"):
+        if point.spec.kind == "fastapi":
             return 1.0  # one request, one session.run
         model = counters.get("classifier")
         if not model:
@@ -347,14 +368,14 @@ class Bench:
     # -- profiles ------------------------------------------------------------------------------
 
     def _profiling(self, server_key: str) -> bool:
-        from tritonstack.benchmarks.scenarios import TRITON
+        from bench.scenarios import TRITON
 
         return server_key == TRITON and "models" in self.families
 
     def _profile(self, server) -> None:
         """py-spy on the stubs while each model of the models family runs at 16 clients."""
-        from tritonstack.benchmarks.loadgen import Target
-        from tritonstack.benchmarks.profile import profile_stubs
+        from bench.loadgen import Target
+        from bench.profile import profile_stubs
 
         for sent, stubs in PROFILED.items():
             target = Target("http-json", server.url("http-json", sent), sent)
@@ -376,7 +397,7 @@ class Bench:
     # -- memory --------------------------------------------------------------------------------
 
     def _memory(self, server) -> None:
-        from tritonstack.benchmarks.loadgen import Target
+        from bench.loadgen import Target
 
         s = self.settings
         targets = [
@@ -430,7 +451,7 @@ class Bench:
         }
         versions["tritonserver"] = "2.51.0"
         if venv is not None:
-            from tritonstack.benchmarks.servers import REQUIREMENTS
+            from bench.servers import REQUIREMENTS
 
             for line in REQUIREMENTS.read_text().splitlines():
                 name = line.split("==")[0].split("[")[0].lower()
@@ -443,7 +464,7 @@ class Bench:
             "families": self.families,
             "started": started.isoformat(timespec="seconds"),
             "duration_s": round((finished - started).total_seconds()),
-            "command": "tritonstack bench" + (" --quick" if self.settings.quick else ""),
+            "command": "python -m bench" + (" --quick" if self.settings.quick else ""),
             "cpu": cpu_model,
             "cores": os.cpu_count(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
@@ -459,7 +480,7 @@ class Bench:
 def _wrk_version() -> str:
     import subprocess
 
-    from tritonstack.benchmarks.loadgen import wrk_path
+    from bench.loadgen import wrk_path
 
     done = subprocess.run([wrk_path(), "--version"], capture_output=True, text=True)
     return (

@@ -9,29 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tritonstack.benchmarks.scenarios import BASELINES, DELAY_SERVERS, FAMILIES, TRITON, Point
-from tritonstack.benchmarks.stats import Target, ratio_target
+from bench.scenarios import DELAY_SERVERS, FAMILIES, SERVERS, TRITON, Point
+from bench.stats import Target, ratio_target
 
 PLOTS = {
     "throughput": "throughput vs concurrency (HTTP/JSON, batch-1 requests)",
     "latency": "p99 latency vs throughput (each marker one concurrency)",
-}
-SERVER_NAMES = {
-    "triton:default": "Triton",
-    "triton:classification": "Triton, classification extension",
-    "triton:batching-off": "Triton, batching off",
-    "triton:delay-0": "Triton, delay 0 us",
-    "triton:delay-500": "Triton, delay 500 us",
-    "triton:delay-2000": "Triton, delay 2000 us",
-    "triton:python-x1": "Triton, 1 instance of each Python model",
-    "triton:classifier-x1": "Triton, 1 classifier instance",
-    "triton:all-x1": "Triton, 1 instance of every model",
-    "triton:queue-policy": "Triton, queue policy",
-    "triton:queue-policy-x1": "Triton, queue policy, 1 instance of every model",
-    "gateway:default": "Triton behind the gateway (HAProxy)",
-    "fastapi": "FastAPI + onnxruntime (1 uvicorn worker)",
-    "fastapi-x2": "FastAPI + onnxruntime (2 uvicorn workers)",
-    "mlserver": "MLServer 1.7.1, adaptive batching",
 }
 
 #: The GPU bench profile for docker-compose.yml (integrated by the compose owner, issue #3).
@@ -64,6 +47,8 @@ TARGET_NAMES = (
 
 
 def key(server: str, model: str, protocol: str, concurrency: int) -> str:
+    if server not in SERVERS:  # a misspelt key would otherwise read as "not run"
+        raise KeyError(f"{server!r} is not a server of bench.scenarios.SERVERS")
     return Point(server, model, protocol, concurrency).key
 
 
@@ -192,7 +177,7 @@ def single_instance(results: dict) -> list[str]:
             )
         if parts:
             found.append(
-                f"With {what} (variant `{variant.split(':')[1]}`, everything else as "
+                f"With {what} (variant `{SERVERS[variant].variant}`, everything else as "
                 "committed): " + "; ".join(parts) + "."
             )
     classification = _get(results, "triton:classification", "classifier", "http-classification", 16)
@@ -253,7 +238,7 @@ def queue_findings(results: dict) -> list[str]:
 
 def gateway_findings(results: dict) -> list[str]:
     """The gateway family read side by side: throughput, latency and CPU per request."""
-    from tritonstack.benchmarks.scenarios import GATEWAY_SERVER
+    from bench.scenarios import GATEWAY_SERVER
 
     parts = []
     for point in results["points"]:
@@ -317,9 +302,9 @@ def _row(label: str, point: dict | None) -> str:
 
 
 def _label(point: dict, family: str) -> str:
-    server = SERVER_NAMES.get(point["server"], point["server"])
+    server = SERVERS[point["server"]].title
     model = point["model"]
-    if family in ("baselines",) and point["server"] in BASELINES:
+    if family == "baselines" and SERVERS[point["server"]].baseline:
         return f"{server}, c={point['concurrency']}"
     if family == "delay":
         us = next(u for u, srv in DELAY_SERVERS.items() if srv == point["server"])
@@ -332,7 +317,7 @@ def _label(point: dict, family: str) -> str:
 
 
 def family_table(results: dict, family: str) -> str:
-    from tritonstack.benchmarks.scenarios import FULL, QUICK, family_points
+    from bench.scenarios import FULL, QUICK, family_points
 
     settings = QUICK if results["meta"]["quick"] else FULL
     rows = [TABLE_HEAD]
@@ -347,7 +332,7 @@ def _notes(results: dict) -> list[str]:
     for point in results["points"]:
         for note in point["summary"]["notes"]:
             lines.append(
-                f"- {SERVER_NAMES.get(point['server'], point['server'])} `{point['model']}` "
+                f"- {SERVERS[point['server']].title} `{point['model']}` "
                 f"{point['protocol']} c={point['concurrency']}: {note}"
             )
     return lines
@@ -377,7 +362,7 @@ def _breakdown(results: dict) -> str:
 
 def _why_section(results: dict) -> list[str]:
     """The targets explained: CPU per request by process, py-spy on the stubs, the bounds."""
-    from tritonstack.benchmarks import explain
+    from bench import explain
 
     cpu, profiles = explain.cpu_table(results), explain.profile_table(results)
     if not cpu:
@@ -415,7 +400,7 @@ def render_markdown(results: dict) -> str:
         out += [
             "> **QUICK MODE: smoke numbers, not results.** Short runs, few points, "
             f"{meta['settings']['memory_requests']:,} requests for the memory check. "
-            "Run `tritonstack bench` on a quiet machine for numbers worth quoting.",
+            "Run `python -m bench` on a quiet machine for numbers worth quoting.",
             "",
         ]
     if meta["load_before"][0] > 0.5 * meta["cores"]:
@@ -450,7 +435,7 @@ def render_markdown(results: dict) -> str:
     out += [f"| {t.name} | {t.verdict} | {t.detail} |" for t in targets(results)]
     out.append("")
     flagged = [
-        f"`{p['model']}` on {SERVER_NAMES.get(p['server'], p['server'])} c={p['concurrency']}"
+        f"`{p['model']}` on {SERVERS[p['server']].title} c={p['concurrency']}"
         for p in (
             _get(results, *key_)
             for key_ in (
@@ -590,15 +575,16 @@ def method_sections() -> list[str]:
         "## How to reproduce",
         "",
         "```bash",
-        "apt-get install wrk                  # the HTTP load generator",
-        "tritonstack bench                    # full run: this file and docs/benchmarks/*.png",
-        "tritonstack bench --quick --out /tmp/bench   # smoke run, < 3 min, every scenario family",
+        "apt-get install wrk                 # the HTTP load generator",
+        "pip install -e '.[bench]'           # from a checkout: py-spy for the stub profiles",
+        "python -m bench                     # full run: this file and docs/benchmarks/*.png",
+        "python -m bench --quick --out /tmp/bench   # smoke run, < 3 min, every scenario family",
         "```",
         "",
         "The baselines install once into `~/.cache/tritonstack/bench-venv-<hash>` from "
         "`bench/requirements-baselines.txt` (FastAPI app: `bench/fastapi_app.py`; MLServer "
         "runtime: `bench/mlserver_runtime.py`). Triton variants are copies of `model_repository/` "
-        "with one field changed (`tritonstack/benchmarks/variants.py`).",
+        "with one field changed (`bench/variants.py`).",
         "",
         "## On a GPU host: perf_analyzer under compose",
         "",
@@ -626,7 +612,7 @@ def render_pending() -> str:
         [
             "# Benchmarks",
             "",
-            "**No full run recorded yet.** `tritonstack bench` replaces this file with a full "
+            "**No full run recorded yet.** `python -m bench` replaces this file with a full "
             "run's tables and plots (about 15 minutes on a quiet 2-core machine). It measures: "
             + "; ".join(FAMILIES.values())
             + ". Targets it evaluates: "
@@ -644,8 +630,8 @@ def series(results: dict) -> dict[str, list[tuple[int, float, float]]]:
     for point in results["points"]:
         if point["protocol"] != "http-json":
             continue
-        name = SERVER_NAMES.get(point["server"], point["server"])
-        label = name if point["server"] in BASELINES else f"{name}: {point['model']}"
+        spec = SERVERS[point["server"]]
+        label = spec.title if spec.baseline else f"{spec.title}: {point['model']}"
         s = point["summary"]
         found.setdefault(label, []).append(
             (point["concurrency"], s["rps"]["median"], s["p99_ms"]["median"])

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonstack.benchmarks.servers import ProcessTree, process_role
+from bench.servers import ProcessTree, process_role
 
 #: Samples per second and process: enough for a few thousand samples in a 5 s point.
 RATE = 250
@@ -95,7 +95,7 @@ def profile_stubs(
     """
     binary = py_spy_path()
     if binary is None:
-        return {"error": "py-spy is not installed (`pip install py-spy`)"}
+        return {"error": "py-spy is not installed (the [bench] extra: `pip install -e '.[bench]'`)"}
     stubs = [(process_role(p), p.pid) for p in tree.processes() if p.pid != tree.root.pid]
     stubs = [(model, pid) for model, pid in stubs if model in models]
     workdir.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ report their process CPU time over the measured window.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonstack.benchmarks.stats import correct_coordinated_omission
+from bench.stats import correct_coordinated_omission
 from tritonstack.errors import UserError
 
 #: http-classification: KServe JSON asking Triton's classification extension for the top class
@@ -29,6 +30,15 @@ from tritonstack.errors import UserError
 PROTOCOLS = ("http-json", "http-binary", "grpc", "http-classification")
 ROWS = 1
 FEATURES = 128
+
+
+#: The gRPC workers run `-m bench.grpc_worker`: the bench is a folder of the checkout, not an
+#: installed package, so its parent goes on their path whatever the caller's working directory.
+def worker_env() -> dict[str, str]:
+    parent = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, [parent, os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path)
+
 
 #: wrk prints this line from the Lua `done` hook; the bench parses it.
 WRK_SCRIPT = """\
@@ -222,7 +232,7 @@ class Generator:
             command = [
                 sys.executable,
                 "-m",
-                "tritonstack.benchmarks.grpc_worker",
+                "bench.grpc_worker",
                 target.url,
                 str(body),
                 str(share),
@@ -230,7 +240,13 @@ class Generator:
                 str(outdir / f"{i}.json"),
             ]
             workers.append(
-                subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                subprocess.Popen(
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=worker_env(),
+                )
             )
         try:
             for worker in workers:  # each connects and sends one request, then says READY
