@@ -28,7 +28,7 @@ FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 BIN = str(Path(sys.executable).parent)
 
 #: How the benchmark is started; the only line to change when the benchmark's entry point moves.
-BENCH = "tritonstack bench"
+BENCH = "python -m bench"
 #: Benchmark commands the docs show: command -> the test that runs it, or why none can.
 BENCH_COMMANDS = {
     BENCH: "a full run takes about 20 minutes of a quiet machine; its quick form runs below and "
@@ -54,6 +54,8 @@ RUN_ELSEWHERE = {
     "python3 -m venv .venv && pip install -e .": "Makefile's venv target, run by .ci/run "
     "on a fresh machine (it installs the test extras too)",
     "make test": ".ci/run",
+    "pip install -e '.[bench]'": "Makefile's venv target installs `.[test]`, which includes "
+    "`[bench]`; tests/test_cli.py checks the extras named in errors exist",
     "make test-unit": (
         "tests/test_markers.py::test_make_test_runs_everything_and_test_unit_leaves_out_only_integration"
     ),
