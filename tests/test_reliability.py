@@ -26,8 +26,9 @@ from tritonclient.utils import InferenceServerException
 from tests.conftest import REPOSITORY
 from tests.test_serve import segments_of, shm_prefix, start_serve, wait_for_line
 from tritonstack.client import infer
+from tritonstack.contract import ADMIN_HEADER
 from tritonstack.errors import UserError
-from tritonstack.runtime import ADMIN_HEADER, STUB_EXECUTABLE, stub_instance
+from tritonstack.runtime import STUB_EXECUTABLE, stub_instance
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The seed guide's client, fixed: one `InferenceServerClient`, batched inputs, HTTP or gRPC.
+"""The client: one `InferenceServerClient`, batched inputs, HTTP or gRPC.
 
 `infer` returns plain rows so the CLI, the tests and the examples print the same thing.
 """
@@ -9,14 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME, MODEL_OUTPUTS
 from tritonstack.errors import UserError
-
-#: What each public model returns; all of them take `features` FP32 [rows, 128].
-MODEL_OUTPUTS = {
-    "classifier": ("class",),
-    "pipeline": ("label", "class"),
-    "classify": ("label", "score"),
-}
 
 
 @dataclass(frozen=True)
@@ -49,12 +43,12 @@ def infer(
 
     `api_key` is sent as `Authorization: Bearer <key>` (gRPC: metadata), what the gateway checks.
 
-    The seed passed a [128] shape; Triton wants the batch dimension first ([rows, 128]).
+    Triton wants the batch dimension first: `features` is [rows, FEATURES], never [FEATURES].
     """
     from tritonclient.utils import InferenceServerException
 
-    if features.ndim != 2 or features.shape[1] != 128:
-        raise UserError(f"features must have shape [rows, 128], got {list(features.shape)}")
+    if features.ndim != 2 or features.shape[1] != FEATURES:
+        raise UserError(f"features must have shape [rows, {FEATURES}], got {list(features.shape)}")
     if model not in MODEL_OUTPUTS:
         raise UserError(f"model {model!r} is not one of {sorted(MODEL_OUTPUTS)}")
     outputs = outputs or MODEL_OUTPUTS[model]
@@ -70,7 +64,7 @@ def infer(
     except Exception as exc:
         raise UserError(f"cannot create a {protocol} client for {url}: {exc}") from None
     try:
-        tensor = module.InferInput("features", list(features.shape), "FP32")
+        tensor = module.InferInput(INPUT_NAME, list(features.shape), INPUT_DATATYPE)
         tensor.set_data_from_numpy(features)
         requested = [module.InferRequestedOutput(name) for name in outputs]
         kwargs = {"client_timeout": timeout} if protocol == "grpc" else {}

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-FEATURES = 128
+from tritonstack.contract import FEATURES, INPUT_NAME
+
 HIDDEN = 64
 CLASSES = 2
-INPUT_NAME = "features"
 OUTPUT_NAME = "class"
 OPSET = 17
 SEED = 20261202

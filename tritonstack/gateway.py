@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.contract import GATEWAY_METRICS_PORT, GRPC_PORT, HTTP_PORT, LOOPBACK
 from tritonstack.errors import UserError
+from tritonstack.project import project_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "gateway" / "haproxy.cfg"
-#: Ports a client uses, the same natively and in compose; Triton moves behind the gateway.
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8404
+CONFIG = project_dir() / "gateway" / "haproxy.cfg"
 #: Requests in flight per Triton replica and protocol. Measured on 2 cores with wrk through the
 #: gateway at 64 connections (docs/operations.md, "The gateway"): accepted req/s 865 at 4,
 #: 1,592 at 8, 3,223 at 16, 3,572 at 32, 3,984 at 64. The dynamic batcher turns concurrency into
@@ -84,7 +83,7 @@ class Limits:
 
 def limits(repository: Path = DEFAULT_MODEL_REPOSITORY) -> Limits:
     """Public models (those clients call) and their shared input contract, from config.pbtxt."""
-    from tritonstack.client import MODEL_OUTPUTS
+    from tritonstack.contract import MODEL_OUTPUTS
     from tritonstack.repository import iter_models
 
     configs = {m.name: m.config for m in iter_models(repository) if m.name in MODEL_OUTPUTS}
@@ -129,9 +128,9 @@ class Gateway:
     triton_grpc_port: int
     http_port: int = HTTP_PORT
     grpc_port: int = GRPC_PORT
-    metrics_port: int = METRICS_PORT
-    address: str = "127.0.0.1"
-    triton_host: str = "127.0.0.1"
+    metrics_port: int = GATEWAY_METRICS_PORT
+    address: str = LOOPBACK
+    triton_host: str = LOOPBACK
     api_keys: Path | None = None
     tls_cert: Path | None = None
     maxconn: int = MAXCONN
@@ -270,7 +269,7 @@ class Gateway:
                 chunks.append(chunk)
         return b"".join(chunks).decode(errors="replace")
 
-    def add_replica(self, http_port: int, grpc_port: int, host: str = "127.0.0.1") -> str:
+    def add_replica(self, http_port: int, grpc_port: int, host: str = LOOPBACK) -> str:
         """Put one more Triton behind both backends without a restart; returns its server name."""
         self.replicas += 1
         name = f"triton{self.replicas}"
@@ -387,8 +386,8 @@ def add_arguments(parser) -> None:
     group.add_argument(
         "--gateway-metrics-port",
         type=int,
-        default=METRICS_PORT,
-        help=f"the gateway's Prometheus endpoint (default: {METRICS_PORT})",
+        default=GATEWAY_METRICS_PORT,
+        help=f"the gateway's Prometheus endpoint (default: {GATEWAY_METRICS_PORT})",
     )
     group.add_argument(
         "--api-keys",

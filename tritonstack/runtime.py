@@ -35,14 +35,23 @@ from pathlib import Path
 
 import psutil
 
+from tritonstack.contract import (
+    ADMIN_HEADER,
+    GRPC_PORT,
+    HTTP_PORT,
+    LOOPBACK,
+    METRICS_PORT,
+    RESTRICTED_APIS,
+)
 from tritonstack.errors import UserError
+from tritonstack.project import project_dir
 from tritonstack.repository import Model, iter_models
 
 SHM_DIR = Path("/dev/shm")
 #: Error lines tritonserver logs on every start without a GPU; harmless, so not repeated to users.
 CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "unable to create stream")
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backends"
-SHARED_FLAGS = Path(__file__).resolve().parent.parent / "scripts" / "tritonserver.flags"
+SHARED_FLAGS = project_dir() / "scripts" / "tritonserver.flags"
 #: The Python backend's per-instance process (also what runs the Python-based onnxruntime backend).
 STUB_EXECUTABLE = "triton_python_backend_stub"
 
@@ -65,11 +74,6 @@ def shared_flags(path: Path = SHARED_FLAGS) -> list[str]:
     """The tritonserver flags both runtimes use (scripts/tritonserver.flags)."""
     lines = (line.strip() for line in path.read_text().splitlines())
     return [line for line in lines if line and not line.startswith("#")]
-
-
-#: Header that unlocks the restricted APIs, and the API groups it guards (Triton's names).
-ADMIN_HEADER = "tritonstack-admin-key"
-RESTRICTED_APIS = "model-repository,shared-memory,statistics,trace,logging"
 
 
 def load_admin_key() -> str:
@@ -117,7 +121,7 @@ def free_ports(count: int) -> list[int]:
     """Loopback ports the kernel just handed out, closed again so a server can bind them."""
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
     ports = [s.getsockname()[1] for s in sockets]
     for s in sockets:
         s.close()
@@ -172,10 +176,10 @@ class EmbeddedTriton:
     """One tritonserver process serving a model repository on loopback; a context manager."""
 
     model_repository: Path
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    address: str = "127.0.0.1"
+    http_port: int = HTTP_PORT
+    grpc_port: int = GRPC_PORT
+    metrics_port: int = METRICS_PORT
+    address: str = LOOPBACK
     cache_dir: Path = field(default_factory=default_cache_dir)
     log_path: Path | None = None
     exit_timeout_secs: int = 10

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME
 from tritonstack.errors import UserError
 
 
@@ -48,9 +49,9 @@ class Client(threading.Thread):
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(self.url, network_timeout=30)
-        features = np.random.default_rng(0).standard_normal((1, 128)).astype(np.float32)
+        features = np.random.default_rng(0).standard_normal((1, FEATURES)).astype(np.float32)
         while not self.halt.is_set():
-            tensor = httpclient.InferInput("features", [1, 128], "FP32")
+            tensor = httpclient.InferInput(INPUT_NAME, [1, FEATURES], INPUT_DATATYPE)
             tensor.set_data_from_numpy(features)
             started = time.perf_counter()
             try:

@@ -30,12 +30,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.contract import (
+    GRPC_PORT,
+    HTTP_PORT,
+    LOCUST_METRICS_PORT,
+    LOCUST_WEB_PORT,
+    LOOPBACK,
+    METRICS_PORT,
+)
 from tritonstack.errors import UserError
+from tritonstack.project import project_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = project_dir()
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 LOCUST_CONF = ROOT / "loadtest" / "locust.conf"
-ADDRESS = "127.0.0.1"
+ADDRESS = LOOPBACK
 HOW_TO_GET_PROMETHEUS = (
     "`sudo apt-get install prometheus` (Debian/Ubuntu; then `sudo systemctl disable --now "
     "prometheus` if you do not want the system service) or a release from "
@@ -212,14 +221,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MODEL_REPOSITORY,
         help="model repository directory (default: this checkout's model_repository/)",
     )
-    ports = parser.add_argument_group("ports (all on 127.0.0.1)")
+    ports = parser.add_argument_group(f"ports (all on {ADDRESS})")
     for option, default, what in (
-        ("--http-port", 8000, "clients' HTTP (the gateway; Triton with --no-gateway)"),
-        ("--grpc-port", 8001, "clients' gRPC (the gateway; Triton with --no-gateway)"),
-        ("--metrics-port", 8002, "Triton metrics"),
+        ("--http-port", HTTP_PORT, "clients' HTTP (the gateway; Triton with --no-gateway)"),
+        ("--grpc-port", GRPC_PORT, "clients' gRPC (the gateway; Triton with --no-gateway)"),
+        ("--metrics-port", METRICS_PORT, "Triton metrics"),
         ("--prometheus-port", 9090, "Prometheus"),
-        ("--locust-port", 8089, "Locust web UI"),
-        ("--locust-metrics-port", 9646, "Locust's client metrics (scraped by Prometheus)"),
+        ("--locust-port", LOCUST_WEB_PORT, "Locust web UI"),
+        (
+            "--locust-metrics-port",
+            LOCUST_METRICS_PORT,
+            "Locust's client metrics (scraped by Prometheus)",
+        ),
     ):
         ports.add_argument(option, type=int, default=default, help=f"{what} (default: {default})")
     parser.add_argument(
