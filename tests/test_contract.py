@@ -139,6 +139,12 @@ def test_compose_and_images_use_the_contracts_ports():
     assert web in master["ports"]
     expose = re.search(r"^EXPOSE (.+)$", (ROOT / "Dockerfile.triton").read_text(), re.M)
     assert {int(p) for p in expose.group(1).split()} == triton_ports
+    locust_image = (ROOT / "Dockerfile.locust").read_text()
+    assert f"ENV LOCUST_METRICS_PORT={contract.LOCUST_METRICS_PORT}" in locust_image
+    expose = re.search(r"^EXPOSE (.+)$", locust_image, re.M)
+    assert {contract.LOCUST_WEB_PORT, contract.LOCUST_METRICS_PORT} <= {
+        int(p) for p in expose.group(1).split()
+    }
 
 
 def test_gateway_config_defaults_are_the_contracts():

@@ -14,19 +14,16 @@ the running interpreter next to `libtriton_python.so`.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import filecmp
 import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +32,7 @@ from pathlib import Path
 
 import psutil
 
+from tritonstack import processes
 from tritonstack.contract import (
     ADMIN_HEADER,
     GRPC_PORT,
@@ -165,14 +163,8 @@ def cpu_models(repository: Path) -> tuple[list[Model], list[Model]]:
     return [m for m in models if not m.needs_gpu], [m for m in models if m.needs_gpu]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the parent dies, so no server is orphaned."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
-class EmbeddedTriton:
+class EmbeddedTriton(processes.Endpoints):
     """One tritonserver process serving a model repository on loopback; a context manager."""
 
     model_repository: Path
@@ -201,18 +193,6 @@ class EmbeddedTriton:
     def grpc_admin_headers(self) -> dict[str, str]:
         """gRPC metadata for the same APIs: Triton prefixes the key with triton-grpc-protocol-."""
         return {f"triton-grpc-protocol-{ADMIN_HEADER}": self.admin_key}
-
-    @property
-    def http_url(self) -> str:
-        return f"{self.address}:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.address}:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.address}:{self.metrics_port}/metrics"
 
     def command(self, backends: Path, repository: Path) -> list[str]:
         return [
@@ -262,17 +242,9 @@ class EmbeddedTriton:
         self._view = Path(tempfile.mkdtemp(prefix="tritonstack-repo-"))
         for model in served:
             (self._view / model.name).symlink_to(model.directory.resolve())
-        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
-        self.process = subprocess.Popen(
-            self.command(backends, self._view),
-            env=self.environment(),
-            stdout=log,
-            stderr=subprocess.STDOUT if log else None,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+        self.process = processes.spawn(
+            self.command(backends, self._view), self.log_path, env=self.environment()
         )
-        if log:
-            log.close()
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -312,23 +284,23 @@ class EmbeddedTriton:
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2.0)
-        deadline = time.monotonic() + timeout
         waiting = list(self.served)
+
+        def all_ready() -> bool:
+            nonlocal waiting
+            with contextlib.suppress(Exception):  # not listening yet
+                waiting = [m for m in waiting if not client.is_model_ready(m)]
+            return not waiting
+
         try:
-            while waiting:
-                if self.process.poll() is not None:
-                    raise UserError(
-                        f"tritonserver exited with code {self.process.returncode} while loading "
-                        f"models{self._log_hint()}"
-                    )
-                if time.monotonic() > deadline:
-                    raise UserError(
-                        f"models {waiting} not ready after {timeout:.0f} s{self._log_hint()}"
-                    )
-                with contextlib.suppress(Exception):  # not listening yet
-                    waiting = [m for m in waiting if not client.is_model_ready(m)]
-                if waiting:
-                    time.sleep(0.2)
+            processes.wait_ready(
+                self.process,
+                all_ready,
+                timeout,
+                "tritonserver",
+                waiting_for=lambda: f"models {waiting}",
+                details=self._log_hint,
+            )
         finally:
             client.close()
 
@@ -355,16 +327,8 @@ class EmbeddedTriton:
         code = None
         self.stubs = {}
         if self.process is not None:
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGTERM)
-                try:
-                    self.process.wait(self.exit_timeout_secs + 15 if grace is None else grace)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                    self.process.wait()
-            code = self.process.returncode
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            grace = self.exit_timeout_secs + 15 if grace is None else grace
+            code = processes.stop(self.process, grace, whole_group=False)
         for segment in SHM_DIR.glob(f"{self.shm_prefix}*"):
             segment.unlink(missing_ok=True)
         view = getattr(self, "_view", None)

@@ -34,7 +34,7 @@ SERVER_NAMES = {
     "mlserver": "MLServer 1.7.1, adaptive batching",
 }
 
-#: The GPU bench profile for docker-compose.yml (integrated by the compose owner, issue #3).
+#: The GPU bench profile for docker-compose.yml.
 COMPOSE_BENCH = """\
   perf-analyzer:
     profiles: ["bench"]
