@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.stats import correct_coordinated_omission
+from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME
 from tritonstack.errors import UserError
 
 #: http-classification: KServe JSON asking Triton's classification extension for the top class
 #: of `class` ("score:index:label" strings, labels from the model's label_filename).
 PROTOCOLS = ("http-json", "http-binary", "grpc", "http-classification")
 ROWS = 1
-FEATURES = 128
 
 
 #: The gRPC workers run `-m bench.grpc_worker`: the bench is a folder of the checkout, not an
@@ -64,9 +64,9 @@ def features(seed: int = 0) -> np.ndarray:
 
 def json_body(data: np.ndarray, classification: bool = False) -> bytes:
     tensor = {
-        "name": "features",
+        "name": INPUT_NAME,
         "shape": list(data.shape),
-        "datatype": "FP32",
+        "datatype": INPUT_DATATYPE,
         "data": [round(float(x), 6) for x in data.ravel()],
     }
     body: dict = {"inputs": [tensor]}
@@ -81,9 +81,9 @@ def binary_body(data: np.ndarray) -> tuple[bytes, int]:
     header = {
         "inputs": [
             {
-                "name": "features",
+                "name": INPUT_NAME,
                 "shape": list(data.shape),
-                "datatype": "FP32",
+                "datatype": INPUT_DATATYPE,
                 "parameters": {"binary_data_size": len(raw)},
             }
         ],
@@ -98,7 +98,7 @@ def grpc_body(model: str, data: np.ndarray) -> bytes:
 
     request = service_pb2.ModelInferRequest(model_name=model)
     tensor = request.inputs.add()
-    tensor.name, tensor.datatype = "features", "FP32"
+    tensor.name, tensor.datatype = INPUT_NAME, INPUT_DATATYPE
     tensor.shape.extend(data.shape)
     request.raw_input_contents.append(np.ascontiguousarray(data, dtype=np.float32).tobytes())
     return request.SerializeToString()

@@ -17,7 +17,7 @@ PLOTS = {
     "latency": "p99 latency vs throughput (each marker one concurrency)",
 }
 
-#: The GPU bench profile for docker-compose.yml (integrated by the compose owner, issue #3).
+#: The GPU bench profile for docker-compose.yml.
 COMPOSE_BENCH = """\
   perf-analyzer:
     profiles: ["bench"]

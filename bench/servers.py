@@ -14,12 +14,9 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +24,8 @@ import psutil
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.errors import UserError
+from tritonstack.processes import http_ok, rss_bytes, spawn, tree, wait_ready
+from tritonstack.processes import stop as stop_group
 from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -44,11 +43,7 @@ class ProcessTree:
         self.root = self.roots[0]  # the server proper (tritonserver: its children are the stubs)
 
     def processes(self) -> list[psutil.Process]:
-        found = []
-        for root in self.roots:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                found += [root, *root.children(recursive=True)]
-        return found
+        return tree(*(root.pid for root in self.roots))
 
     def cpu_seconds(self) -> dict[int, float]:
         times = {}
@@ -69,11 +64,7 @@ class ProcessTree:
         return roles
 
     def rss_bytes(self) -> int:
-        total = 0
-        for process in self.processes():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                total += process.memory_info().rss
-        return total
+        return rss_bytes(self.processes())
 
 
 def process_role(process: psutil.Process) -> str:
@@ -212,27 +203,19 @@ def baseline_venv(cache_dir: Path | None = None, progress=print) -> Path:
 
 
 def _wait_http(url: str, process: subprocess.Popen, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:]
-            raise UserError(f"{url}: server exited with code {process.returncode}:\n{tail}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as answer:
-            if answer.status == 200:
-                return
-        time.sleep(0.2)
-    raise UserError(f"{url} not ready after {timeout:.0f} s; see {log}")
+    wait_ready(
+        process,
+        lambda: http_ok(url),
+        timeout,
+        url,
+        waiting_for=lambda: "the server",
+        details=lambda: ":\n" + log.read_text(errors="replace")[-2000:],
+    )
 
 
 def _stopper(process: subprocess.Popen, workdir: Path | None = None):
     def stop() -> None:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        stop_group(process, 20)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -258,15 +241,7 @@ def start_fastapi(venv: Path, log_path: Path, name: str, workers: int = 1) -> Se
         "--log-level",
         "warning",
     ]
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            command,
-            cwd=BENCH_DIR,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = spawn(command, log_path, env=env, cwd=BENCH_DIR)
     server = Server(name, f"127.0.0.1:{port}", None, None, process.pid, _stopper(process))
     try:
         _wait_http(f"http://127.0.0.1:{port}/v2/health/ready", process, 60, log_path)
@@ -300,15 +275,12 @@ def start_mlserver(venv: Path, log_path: Path, max_batch_time_s: float = 0.0001)
         "parameters": {"uri": str(MODEL_ONNX), "extra": {"labels": str(LABELS)}},
     }
     (model_dir / "model-settings.json").write_text(json.dumps(model_settings))
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [str(venv / "bin" / "mlserver"), "start", str(workdir)],
-            cwd=workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"),
-        )
+    process = spawn(
+        [str(venv / "bin" / "mlserver"), "start", str(workdir)],
+        log_path,
+        env=dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"),
+        cwd=workdir,
+    )
     server = Server(
         "mlserver",
         f"127.0.0.1:{http}",

@@ -22,6 +22,8 @@ from locust import LoadTestShape, events
 from shapes import SHAPES
 from users import (
     DEFAULT_LABELS_FILE,
+    GRPC_PORT,
+    MODEL_OUTPUTS,
     USER_TYPES,
     GrpcUser,
     HttpBinaryUser,
@@ -33,7 +35,7 @@ from users import (
 # Locust runs the User classes it finds in this module; SelectedShape picks one per --user-type.
 __all__ = ["GrpcUser", "HttpBinaryUser", "HttpJsonUser", "SelectedShape"]
 
-MODELS = ("classifier", "pipeline", "classify")
+MODELS = tuple(MODEL_OUTPUTS)
 
 exporter.register(events)
 gates.register(events)
@@ -62,7 +64,7 @@ def add_arguments(parser) -> None:
         help="Triton gRPC host:port (default: the --host's name and --grpc-port)",
     )  # fmt: skip
     parser.add_argument(
-        "--grpc-port", type=int, default=8001, env_var="LOCUST_GRPC_PORT",
+        "--grpc-port", type=int, default=GRPC_PORT, env_var="LOCUST_GRPC_PORT",
         help="Triton gRPC port on the --host's machine, when --grpc-host is empty",
     )  # fmt: skip
     parser.add_argument(

@@ -30,14 +30,19 @@ from locust import FastHttpUser, User, constant, task
 # any channel exists (Locust has already monkey-patched the standard library at this point).
 grpc_gevent.init_gevent()
 
-#: What each public model returns (tritonstack/client.py's MODEL_OUTPUTS, repeated here because
-#: the Locust image installs loadtest/requirements.txt, not the tritonstack package).
+# The model contract and Triton's gRPC port. The Locust image installs loadtest/requirements.txt,
+# not the tritonstack package, so these are spelled out here; tests/test_contract.py fails when
+# they differ from tritonstack/contract.py.
+INPUT_NAME = "features"
+INPUT_DATATYPE = "FP32"
+FEATURES = 128
+MAX_ROWS = 64  # every model's max_batch_size
 MODEL_OUTPUTS = {
     "classifier": ("class",),
     "pipeline": ("label", "class"),
     "classify": ("label", "score"),
 }
-MAX_ROWS = 64  # every model's max_batch_size
+GRPC_PORT = 8001
 #: `--rows mix`: mostly single embeddings, sometimes a page of results to re-rank.
 ROWS_MIX = ((1, 0.6), (4, 0.25), (16, 0.1), (64, 0.05))
 #: Distinct payloads prepared per rows value, sent in turn (building one costs client CPU).
@@ -114,7 +119,7 @@ def check_outputs(
 
 
 def embeddings(rows: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.standard_normal((rows, 128)).astype(np.float32)
+    return rng.standard_normal((rows, FEATURES)).astype(np.float32)
 
 
 def grpc_target(options, host: str | None) -> str:
@@ -213,9 +218,9 @@ class HttpJsonUser(TritonHttpUser):
 
     def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
         tensor = {
-            "name": "features",
+            "name": INPUT_NAME,
             "shape": list(features.shape),
-            "datatype": "FP32",
+            "datatype": INPUT_DATATYPE,
             "data": features.ravel().tolist(),
         }
         return json.dumps({"inputs": [tensor]}).encode(), {"Content-Type": "application/json"}
@@ -242,7 +247,7 @@ class HttpBinaryUser(TritonHttpUser):
     answer_errors = (Exception,)  # a malformed body raises from deep in tritonclient
 
     def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
-        tensor = httpclient.InferInput("features", list(features.shape), "FP32")
+        tensor = httpclient.InferInput(INPUT_NAME, list(features.shape), INPUT_DATATYPE)
         tensor.set_data_from_numpy(features, binary_data=True)
         outputs = [
             httpclient.InferRequestedOutput(name, binary_data=True)
@@ -298,7 +303,7 @@ class GrpcUser(TritonUser):
             client.close()
 
     def payload(self, features: np.ndarray) -> grpcclient.InferInput:
-        tensor = grpcclient.InferInput("features", list(features.shape), "FP32")
+        tensor = grpcclient.InferInput(INPUT_NAME, list(features.shape), INPUT_DATATYPE)
         tensor.set_data_from_numpy(features)
         return tensor
 

@@ -37,11 +37,14 @@ MIN_COMPUTE_CAPABILITY=7.5
 # Shorter than compose's stop_grace_period (30s), so Triton drains in-flight requests and exits
 # before Docker's SIGKILL.
 EXIT_TIMEOUT=${TRITON_EXIT_TIMEOUT_SECS:-20}
+# Ports, the admin header and the API groups it guards: tritonstack/contract.py's values, written
+# out because the image has no tritonstack package (tests/test_contract.py holds them equal).
 HTTP_PORT=${TRITON_HTTP_PORT:-8000}
 GRPC_PORT=${TRITON_GRPC_PORT:-8001}
 METRICS_PORT=${TRITON_METRICS_PORT:-8002}
 ADMIN_KEY_FILE=${TRITONSTACK_ADMIN_KEY_FILE:-$CACHE/admin-key}
 RESTRICTED_APIS="model-repository,shared-memory,statistics,trace,logging"
+ADMIN_HEADER=tritonstack-admin-key
 WATCHDOG=${TRITONSTACK_WATCHDOG:-on}
 WATCHDOG_INTERVAL=${TRITONSTACK_WATCHDOG_INTERVAL:-5}
 WATCHDOG_FAILURES=${TRITONSTACK_WATCHDOG_FAILURES:-3}
@@ -316,8 +319,8 @@ admin_key() {
 }
 key=$(admin_key)
 args+=(
-  --http-restricted-api="$RESTRICTED_APIS:tritonstack-admin-key=$key"
-  --grpc-restricted-protocol="$RESTRICTED_APIS:tritonstack-admin-key=$key"
+  --http-restricted-api="$RESTRICTED_APIS:$ADMIN_HEADER=$key"
+  --grpc-restricted-protocol="$RESTRICTED_APIS:$ADMIN_HEADER=$key"
 )
 
 # --- watchdog: a dead Python stub leaves Triton 2.51 "ready"; a real inference notices ----------
@@ -352,5 +355,5 @@ if [[ $WATCHDOG == on ]]; then
   watchdog $$ &
 fi
 
-log "exec tritonserver ${args[*]//tritonstack-admin-key=*/tritonstack-admin-key=<secret>} $*"
+log "exec tritonserver ${args[*]//$ADMIN_HEADER=*/$ADMIN_HEADER=<secret>} $*"
 exec tritonserver "${args[@]}" "$@"

@@ -28,6 +28,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+# The model contract and Triton's HTTP port, spelled out because the image has no tritonstack
+# package; tests/test_contract.py fails when they differ from tritonstack/contract.py.
+INPUT_NAME = "features"
+INPUT_DATATYPE = "FP32"
+FEATURES = 128
+HTTP_PORT = 8000
+LOOPBACK = "127.0.0.1"
 DEFAULT_LABELS = Path("/opt/tritonstack/model_repository/postprocess/labels.txt")
 # Triton's answer when a model's queue is full or a request timed out in it (UNAVAILABLE).
 BUSY_STATUSES = {503}
@@ -47,7 +54,12 @@ def infer_label(url: str, model: str, timeout: float) -> str:
     """The `label` of one all-zero row sent to `model` over Triton's HTTP/JSON protocol."""
     body = {
         "inputs": [
-            {"name": "features", "shape": [1, 128], "datatype": "FP32", "data": [0.0] * 128}
+            {
+                "name": INPUT_NAME,
+                "shape": [1, FEATURES],
+                "datatype": INPUT_DATATYPE,
+                "data": [0.0] * FEATURES,
+            }
         ],
         "outputs": [{"name": "label"}],
     }
@@ -82,8 +94,8 @@ def infer_label(url: str, model: str, timeout: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    port = os.environ.get("TRITON_HTTP_PORT", "8000")
-    parser.add_argument("--url", default=f"127.0.0.1:{port}", help="Triton HTTP host:port")
+    port = os.environ.get("TRITON_HTTP_PORT", str(HTTP_PORT))
+    parser.add_argument("--url", default=f"{LOOPBACK}:{port}", help="Triton HTTP host:port")
     parser.add_argument(
         "--model", action="append", dest="models", help="model to call (repeatable)"
     )

@@ -356,7 +356,7 @@ def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
     ports = [p.split(":")[-1] for p in gpu["services"]["gateway"]["ports"]]
     assert ports == ["8000/tcp", "8001/tcp"]  # its metrics (8404) only on the compose network
     assert "${GATEWAY_BIND:-127.0.0.1}:8000:8000" in COMPOSE.read_text()
-    from tritonstack.gateway import GRPC_PORT, HTTP_PORT
+    from tritonstack.contract import GRPC_PORT, HTTP_PORT
 
     assert [int(p.split(":")[-2]) for p in gpu["services"]["gateway"]["ports"]] == [
         HTTP_PORT,

@@ -18,7 +18,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ROOT, embeddings, free_ports, require_tool
 from tritonstack.cli import main as cli_main
-from tritonstack.client import MODEL_OUTPUTS, infer
+from tritonstack.client import infer
+from tritonstack.contract import MODEL_OUTPUTS
 from tritonstack.gateway import Gateway, limits
 from tritonstack.metrics import scrape
 

@@ -17,13 +17,13 @@ from urllib.parse import quote
 
 import grpc
 import numpy as np
-import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import REPOSITORY, free_ports, require_tool
+from tritonstack import processes
 from tritonstack.gateway import Gateway
 from tritonstack.runtime import EmbeddedTriton
 
@@ -109,8 +109,7 @@ def server(triton_alone, tmp_path_factory):
 
 
 def rss_mb(triton) -> float:
-    process = psutil.Process(triton.process.pid)
-    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
+    return processes.rss_bytes(processes.tree(triton.process.pid)) / 2**20
 
 
 #: Connections the server closed without an answer, each retried once (see `request`).

@@ -8,7 +8,6 @@ counts, never absolute latencies.
 
 from __future__ import annotations
 
-import ast
 import csv
 import importlib.util
 import json
@@ -23,8 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPOSITORY, ROOT, free_ports
-from tritonstack.client import MODEL_OUTPUTS
+from tests.conftest import ROOT, free_ports
 from tritonstack.loadtest import locust_command, run_headless
 from tritonstack.metrics import model_value, scrape
 
@@ -70,22 +68,6 @@ def batching_counters(triton) -> tuple[float, float]:
 
 
 # --- the files themselves ------------------------------------------------------------------------
-
-
-def test_labels_copy_matches_the_repository():
-    """loadtest/labels.txt lets a Locust container run with only loadtest/ mounted."""
-    copy = (ROOT / "loadtest" / "labels.txt").read_text()
-    assert copy == (REPOSITORY / "postprocess" / "labels.txt").read_text()
-
-
-def test_users_expect_the_outputs_the_client_knows():
-    tree = ast.parse((ROOT / "loadtest" / "users.py").read_text())
-    assignment = next(
-        node
-        for node in tree.body
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MODEL_OUTPUTS"
-    )
-    assert ast.literal_eval(assignment.value) == MODEL_OUTPUTS
 
 
 # --- shapes and gates, as pure functions ---------------------------------------------------------

@@ -1,8 +1,8 @@
 """tritonstack: a small classifier served by NVIDIA Triton, with an embedded CPU runtime."""
 
-from pathlib import Path
+from tritonstack.project import project_dir
 
 __version__ = "0.1.0"
 
-#: The model repository shipped with this checkout (the one compose bakes into the image).
-DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
+#: The project's model repository (the one compose bakes into the image).
+DEFAULT_MODEL_REPOSITORY = project_dir() / "model_repository"

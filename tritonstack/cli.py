@@ -14,6 +14,16 @@ import threading
 from pathlib import Path
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.contract import (
+    FEATURES,
+    GRPC_PORT,
+    HTTP_PORT,
+    LABELS_FILE,
+    LOOPBACK,
+    MAX_BATCH_SIZE,
+    METRICS_PORT,
+    PUBLIC_MODELS,
+)
 from tritonstack.errors import UserError, require_extra
 
 
@@ -77,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=args.metrics_port,
-        address="127.0.0.1" if args.gateway else args.address,
+        address=LOOPBACK if args.gateway else args.address,
         log_path=args.log_file,
     )
     gateway = None
@@ -161,12 +171,12 @@ def cmd_infer(args: argparse.Namespace) -> int:
             raise UserError(f"{args.input}: cannot read a .npy array ({exc})") from None
         features = np.atleast_2d(features)
     else:
-        features = np.random.default_rng(args.seed).standard_normal((args.rows, 128))
-    url = args.url or {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}[args.protocol]
+        features = np.random.default_rng(args.seed).standard_normal((args.rows, FEATURES))
+    url = args.url or f"{LOOPBACK}:{HTTP_PORT if args.protocol == 'http' else GRPC_PORT}"
     outputs = infer(
         url, args.model, features.astype(np.float32), protocol=args.protocol, api_key=args.api_key
     )
-    labels = (DEFAULT_MODEL_REPOSITORY / "postprocess" / "labels.txt").read_text().split("\n")
+    labels = (DEFAULT_MODEL_REPOSITORY / LABELS_FILE).read_text().split("\n")
     print(f"{'row':>4}  {'label':<14} score")
     for row, prediction in enumerate(predictions(args.model, outputs, labels)):
         print(f"{row:>4}  {prediction.label:<14} {prediction.score:.4f}")
@@ -192,12 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     _repository_arg(p)
     p.add_argument(
         "--address",
-        default="127.0.0.1",
+        default=LOOPBACK,
         help="client listen address (default: loopback; any other needs --api-keys)",
     )
-    p.add_argument("--http-port", type=int, default=8000, help="clients' HTTP port (gateway)")
-    p.add_argument("--grpc-port", type=int, default=8001, help="clients' gRPC port (gateway)")
-    p.add_argument("--metrics-port", type=int, default=8002, help="Triton's metrics port")
+    p.add_argument("--http-port", type=int, default=HTTP_PORT, help="clients' HTTP port (gateway)")
+    p.add_argument("--grpc-port", type=int, default=GRPC_PORT, help="clients' gRPC port (gateway)")
+    p.add_argument("--metrics-port", type=int, default=METRICS_PORT, help="Triton's metrics port")
     p.add_argument("--log-file", type=Path, default=None, help="write Triton's log here")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     p.add_argument(
@@ -210,12 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("infer", help="classify embeddings through a running Triton")
-    p.add_argument("--model", default="pipeline", choices=["classifier", "pipeline", "classify"])
+    p.add_argument("--model", default="pipeline", choices=PUBLIC_MODELS)
     p.add_argument("--protocol", default="http", choices=["http", "grpc"])
-    p.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 / :8001)")
-    p.add_argument("--rows", type=int, default=4, help="random embeddings to send (1-64)")
+    p.add_argument(
+        "--url", default=None, help=f"host:port (default {LOOPBACK}:{HTTP_PORT} / :{GRPC_PORT})"
+    )
+    p.add_argument(
+        "--rows", type=int, default=4, help=f"random embeddings to send (1-{MAX_BATCH_SIZE})"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for the random embeddings")
-    p.add_argument("--input", type=Path, default=None, help=".npy file of shape [rows, 128]")
+    p.add_argument(
+        "--input", type=Path, default=None, help=f".npy file of shape [rows, {FEATURES}]"
+    )
     p.add_argument(
         "--api-key",
         default=os.environ.get("TRITONSTACK_API_KEY") or None,

@@ -24,7 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "grafana" / "dashboards"
+from tritonstack.project import project_dir
+
+DASHBOARDS_DIR = project_dir() / "grafana" / "dashboards"
 #: The provisioned Prometheus datasource (grafana/provisioning/datasources/prometheus.yml).
 DATASOURCE_UID = "prometheus"
 #: Every panel filters on this variable: `model=~"$model"`.

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-FEATURES = 128
+from tritonstack.contract import FEATURES, INPUT_NAME, MODEL_OUTPUTS
+
 HIDDEN = 64
 CLASSES = 2
-INPUT_NAME = "features"
-OUTPUT_NAME = "class"
+(OUTPUT_NAME,) = MODEL_OUTPUTS["classifier"]
 OPSET = 17
 SEED = 20261202
 MIN_ACCURACY = 0.95
@@ -68,7 +68,7 @@ def to_onnx(model) -> bytes:
     """Convert with skl2onnx and keep only `features` -> `class` (FP32 probabilities).
 
     skl2onnx also emits an int64 `label` output; Triton's contract is the probabilities alone
-    under the seed's name `class`, so the graph is cut at the probabilities and renamed.
+    under the name `class`, so the graph is cut at the probabilities and renamed.
     """
     import onnx
     from onnx.utils import Extractor

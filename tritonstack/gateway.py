@@ -11,7 +11,6 @@ and API-key rotation (`prepare map` / `add map` / `commit map`, atomic, no resta
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import os
 import shutil
@@ -19,19 +18,15 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack import DEFAULT_MODEL_REPOSITORY, processes
+from tritonstack.contract import GATEWAY_METRICS_PORT, GRPC_PORT, HTTP_PORT, LOOPBACK
 from tritonstack.errors import UserError
+from tritonstack.project import project_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "gateway" / "haproxy.cfg"
-#: Ports a client uses, the same natively and in compose; Triton moves behind the gateway.
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8404
+CONFIG = project_dir() / "gateway" / "haproxy.cfg"
 #: Requests in flight per Triton replica and protocol. Measured on 2 cores with wrk through the
 #: gateway at 64 connections (docs/operations.md, "The gateway"): accepted req/s 865 at 4,
 #: 1,592 at 8, 3,223 at 16, 3,572 at 32, 3,984 at 64. The dynamic batcher turns concurrency into
@@ -84,7 +79,7 @@ class Limits:
 
 def limits(repository: Path = DEFAULT_MODEL_REPOSITORY) -> Limits:
     """Public models (those clients call) and their shared input contract, from config.pbtxt."""
-    from tritonstack.client import MODEL_OUTPUTS
+    from tritonstack.contract import MODEL_OUTPUTS
     from tritonstack.repository import iter_models
 
     configs = {m.name: m.config for m in iter_models(repository) if m.name in MODEL_OUTPUTS}
@@ -122,16 +117,16 @@ def check_publishing(address: str, api_keys: Path | None) -> None:
 
 
 @dataclass
-class Gateway:
+class Gateway(processes.Endpoints):
     """One haproxy process running gateway/haproxy.cfg natively; a context manager."""
 
     triton_http_port: int
     triton_grpc_port: int
     http_port: int = HTTP_PORT
     grpc_port: int = GRPC_PORT
-    metrics_port: int = METRICS_PORT
-    address: str = "127.0.0.1"
-    triton_host: str = "127.0.0.1"
+    metrics_port: int = GATEWAY_METRICS_PORT
+    address: str = LOOPBACK
+    triton_host: str = LOOPBACK
     api_keys: Path | None = None
     tls_cert: Path | None = None
     maxconn: int = MAXCONN
@@ -153,19 +148,6 @@ class Gateway:
     @property
     def scheme(self) -> str:
         return "https" if self.tls_cert else "http"
-
-    @property
-    def http_url(self) -> str:
-        """host:port, what tritonclient.http takes (add ssl=True when tls_cert is set)."""
-        return f"{self.address}:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.address}:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.address}:{self.metrics_port}/metrics"
 
     def environment(self) -> dict[str, str]:
         lim = limits(self.model_repository)
@@ -201,24 +183,15 @@ class Gateway:
 
     def start(self, timeout: float = 30.0) -> Gateway:
         """Start haproxy; return once it answers through to a ready Triton."""
-        from tritonstack.runtime import _die_with_parent
-
         check_publishing(self.address, self.api_keys)
         binary = haproxy_binary(self.haproxy_bin)
         self._run_dir = Path(tempfile.mkdtemp(prefix="tritonstack-gateway-"))
         self.runtime_socket = self._run_dir / "runtime.sock"
         if self.log_path is None:
             self.log_path = self._run_dir / "haproxy.log"
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [binary, "-db", "-f", str(self.config)],
-                env=self.environment(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        self.process = processes.spawn(
+            [binary, "-db", "-f", str(self.config)], self.log_path, env=self.environment()
+        )
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -230,27 +203,20 @@ class Gateway:
         import ssl
 
         context = ssl._create_unverified_context() if self.tls_cert else None
-        url = f"{self.scheme}://{self.http_url}/v2/health/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return processes.http_ok(
+            f"{self.scheme}://{self.http_url}/v2/health/ready", context=context
+        )
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self._ready():
-            if self.process.poll() is not None:
-                raise UserError(
-                    f"haproxy exited with code {self.process.returncode} while starting:\n"
-                    + self.log_tail()
-                )
-            if time.monotonic() > deadline:
-                raise UserError(
-                    f"the gateway did not answer {self.http_url} within {timeout:.0f} s:\n"
-                    + self.log_tail()
-                )
-            time.sleep(0.1)
+        processes.wait_ready(
+            self.process,
+            self._ready,
+            timeout,
+            "haproxy",
+            waiting_for=lambda: f"the gateway at {self.http_url}",
+            details=lambda: ":\n" + self.log_tail(),
+            interval=0.1,
+        )
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -270,7 +236,7 @@ class Gateway:
                 chunks.append(chunk)
         return b"".join(chunks).decode(errors="replace")
 
-    def add_replica(self, http_port: int, grpc_port: int, host: str = "127.0.0.1") -> str:
+    def add_replica(self, http_port: int, grpc_port: int, host: str = LOOPBACK) -> str:
         """Put one more Triton behind both backends without a restart; returns its server name."""
         self.replicas += 1
         name = f"triton{self.replicas}"
@@ -311,26 +277,13 @@ class Gateway:
             raise UserError(f"haproxy refused `commit map`: {answer}")
         return len(entries)
 
-    def drain(self, timeout: float = 35.0) -> int | None:
-        """Soft stop (SIGUSR1): stop accepting, finish in-flight requests, exit."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGUSR1)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
     def stop(self, grace: float = 35.0) -> int | None:
-        """Drain for up to `grace` seconds, then kill what is left; remove the run directory."""
+        """Soft stop (SIGUSR1: stop accepting, finish in-flight requests, exit) for up to `grace`
+        seconds, then kill what is left; remove the run directory."""
         code = None
         if self.process is not None:
-            code = self.drain(grace) if grace > 0 else None
-            if self.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-            code = self.process.returncode
+            drain = signal.SIGUSR1 if grace > 0 else None
+            code = processes.stop(self.process, grace, drain, whole_group=False)
         run_dir = getattr(self, "_run_dir", None)
         if run_dir is not None:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -387,8 +340,8 @@ def add_arguments(parser) -> None:
     group.add_argument(
         "--gateway-metrics-port",
         type=int,
-        default=METRICS_PORT,
-        help=f"the gateway's Prometheus endpoint (default: {METRICS_PORT})",
+        default=GATEWAY_METRICS_PORT,
+        help=f"the gateway's Prometheus endpoint (default: {GATEWAY_METRICS_PORT})",
     )
     group.add_argument(
         "--api-keys",

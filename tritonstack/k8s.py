@@ -29,7 +29,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tritonstack.project import project_dir
+
+ROOT = project_dir()
 KUBERNETES_DIR = ROOT / "deploy" / "kubernetes"
 RULES_DIR = ROOT / "prometheus" / "rules"
 DASHBOARDS_DIR = ROOT / "grafana" / "dashboards"
@@ -129,13 +131,13 @@ def loadtest_configmap(loadtest_dir: Path = LOADTEST_DIR) -> dict:
 def gateway_env() -> dict[str, str]:
     """The gateway's settings as tritonstack.gateway gives them to a native HAProxy, less what
     depends on where it runs (address, Triton's address, sockets, keys, certificates)."""
-    from tritonstack import gateway
+    from tritonstack import contract, gateway
 
     limits = gateway.limits()
     return {
-        "GATEWAY_HTTP_PORT": str(gateway.HTTP_PORT),
-        "GATEWAY_GRPC_PORT": str(gateway.GRPC_PORT),
-        "GATEWAY_METRICS_PORT": str(gateway.METRICS_PORT),
+        "GATEWAY_HTTP_PORT": str(contract.HTTP_PORT),
+        "GATEWAY_GRPC_PORT": str(contract.GRPC_PORT),
+        "GATEWAY_METRICS_PORT": str(contract.GATEWAY_METRICS_PORT),
         "GATEWAY_MAXCONN": str(gateway.MAXCONN),
         "GATEWAY_QUEUE_PER_REPLICA": str(gateway.QUEUE_PER_REPLICA),
         "GATEWAY_QUEUE_TIMEOUT": f"{gateway.QUEUE_TIMEOUT_MS}ms",

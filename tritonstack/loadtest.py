@@ -29,12 +29,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonstack.contract import GRPC_PORT, HTTP_PORT, LOOPBACK, MAX_BATCH_SIZE, PUBLIC_MODELS
 from tritonstack.errors import UserError
+from tritonstack.project import project_dir
 
-LOADTEST_DIR = Path(__file__).resolve().parent.parent / "loadtest"
+LOADTEST_DIR = project_dir() / "loadtest"
 LOCUSTFILE = LOADTEST_DIR / "locustfile.py"
 LOCUST_CONF = LOADTEST_DIR / "locust.conf"
-MODELS = ("classifier", "pipeline", "classify")
 USER_TYPES = ("http_json", "http_binary", "grpc")
 SHAPES = ("step", "spike", "soak")
 #: Exit code of Locust when a gate failed (loadtest/gates.py GATE_FAILED_EXIT_CODE).
@@ -137,7 +138,7 @@ def run_headless(
         (results_dir / stale).unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
     env["LOCUST_METRICS_PORT"] = str(metrics_port or 0)
-    env["LOCUST_METRICS_ADDR"] = "127.0.0.1"
+    env["LOCUST_METRICS_ADDR"] = LOOPBACK
     command = locust_command(
         http_url=http_url,
         grpc_url=grpc_url,
@@ -212,8 +213,8 @@ def parse_duration(text: str) -> float:
 
 
 def check_rows(value: str) -> str:
-    if value != "mix" and not (value.isdigit() and 1 <= int(value) <= 64):
-        raise UserError(f"--rows {value!r}: use an integer from 1 to 64, or mix")
+    if value != "mix" and not (value.isdigit() and 1 <= int(value) <= MAX_BATCH_SIZE):
+        raise UserError(f"--rows {value!r}: use an integer from 1 to {MAX_BATCH_SIZE}, or mix")
     return value
 
 
@@ -234,18 +235,22 @@ def check_reachable(http_url: str, model: str) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=MODELS, default="pipeline")
+    parser.add_argument("--model", choices=PUBLIC_MODELS, default="pipeline")
     parser.add_argument("--user-type", choices=USER_TYPES, default="http_json")
     parser.add_argument("--users", type=int, default=32, help="peak concurrent users (default 32)")
     parser.add_argument(
         "--spawn-rate", type=float, default=None, help="users started per second (default: all)"
     )
     parser.add_argument("--duration", default="30s", help="e.g. 30s, 5m (default 30s)")
-    parser.add_argument("--rows", default="1", help="embeddings per request: 1-64 or mix")
-    parser.add_argument("--shape", choices=SHAPES, default=None, help="default: constant load")
-    parser.add_argument("--host", default="127.0.0.1:8000", help="Triton HTTP host:port")
     parser.add_argument(
-        "--grpc-host", default=None, help="Triton gRPC host:port (default: --host's name, :8001)"
+        "--rows", default="1", help=f"embeddings per request: 1-{MAX_BATCH_SIZE} or mix"
+    )
+    parser.add_argument("--shape", choices=SHAPES, default=None, help="default: constant load")
+    parser.add_argument("--host", default=f"{LOOPBACK}:{HTTP_PORT}", help="Triton HTTP host:port")
+    parser.add_argument(
+        "--grpc-host",
+        default=None,
+        help=f"Triton gRPC host:port (default: --host's name, :{GRPC_PORT})",
     )
     parser.add_argument("--max-p99-ms", type=float, default=None, help="gate: p99 latency")
     parser.add_argument(
@@ -261,7 +266,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve the client metrics on 127.0.0.1:PORT during the run (default: off)",
+        help=f"serve the client metrics on {LOOPBACK}:PORT during the run (default: off)",
     )
 
 
@@ -273,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_fail_ratio is not None and not 0 <= args.max_fail_ratio <= 1:
         raise UserError(f"--max-fail-ratio {args.max_fail_ratio:g}: a ratio from 0 to 1")
     host = args.host.removeprefix("http://")
-    grpc_host = args.grpc_host or f"{host.rsplit(':', 1)[0]}:8001"
+    grpc_host = args.grpc_host or f"{host.rsplit(':', 1)[0]}:{GRPC_PORT}"
     results = args.results or Path("results") / time.strftime("loadtest-%Y%m%d-%H%M%S")
     check_reachable(host, args.model)
     print(

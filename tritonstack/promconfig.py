@@ -14,7 +14,9 @@ from pathlib import Path
 
 import yaml
 
-PROMETHEUS_DIR = Path(__file__).resolve().parent.parent / "prometheus"
+from tritonstack.project import project_dir
+
+PROMETHEUS_DIR = project_dir() / "prometheus"
 
 
 def render(

@@ -14,19 +14,16 @@ the running interpreter next to `libtriton_python.so`.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import filecmp
 import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,14 +32,24 @@ from pathlib import Path
 
 import psutil
 
+from tritonstack import processes
+from tritonstack.contract import (
+    ADMIN_HEADER,
+    GRPC_PORT,
+    HTTP_PORT,
+    LOOPBACK,
+    METRICS_PORT,
+    RESTRICTED_APIS,
+)
 from tritonstack.errors import UserError
+from tritonstack.project import project_dir
 from tritonstack.repository import Model, iter_models
 
 SHM_DIR = Path("/dev/shm")
 #: Error lines tritonserver logs on every start without a GPU; harmless, so not repeated to users.
 CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "unable to create stream")
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backends"
-SHARED_FLAGS = Path(__file__).resolve().parent.parent / "scripts" / "tritonserver.flags"
+SHARED_FLAGS = project_dir() / "scripts" / "tritonserver.flags"
 #: The Python backend's per-instance process (also what runs the Python-based onnxruntime backend).
 STUB_EXECUTABLE = "triton_python_backend_stub"
 
@@ -65,11 +72,6 @@ def shared_flags(path: Path = SHARED_FLAGS) -> list[str]:
     """The tritonserver flags both runtimes use (scripts/tritonserver.flags)."""
     lines = (line.strip() for line in path.read_text().splitlines())
     return [line for line in lines if line and not line.startswith("#")]
-
-
-#: Header that unlocks the restricted APIs, and the API groups it guards (Triton's names).
-ADMIN_HEADER = "tritonstack-admin-key"
-RESTRICTED_APIS = "model-repository,shared-memory,statistics,trace,logging"
 
 
 def load_admin_key() -> str:
@@ -117,7 +119,7 @@ def free_ports(count: int) -> list[int]:
     """Loopback ports the kernel just handed out, closed again so a server can bind them."""
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
     ports = [s.getsockname()[1] for s in sockets]
     for s in sockets:
         s.close()
@@ -161,21 +163,15 @@ def cpu_models(repository: Path) -> tuple[list[Model], list[Model]]:
     return [m for m in models if not m.needs_gpu], [m for m in models if m.needs_gpu]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the parent dies, so no server is orphaned."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
-class EmbeddedTriton:
+class EmbeddedTriton(processes.Endpoints):
     """One tritonserver process serving a model repository on loopback; a context manager."""
 
     model_repository: Path
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    address: str = "127.0.0.1"
+    http_port: int = HTTP_PORT
+    grpc_port: int = GRPC_PORT
+    metrics_port: int = METRICS_PORT
+    address: str = LOOPBACK
     cache_dir: Path = field(default_factory=default_cache_dir)
     log_path: Path | None = None
     exit_timeout_secs: int = 10
@@ -197,18 +193,6 @@ class EmbeddedTriton:
     def grpc_admin_headers(self) -> dict[str, str]:
         """gRPC metadata for the same APIs: Triton prefixes the key with triton-grpc-protocol-."""
         return {f"triton-grpc-protocol-{ADMIN_HEADER}": self.admin_key}
-
-    @property
-    def http_url(self) -> str:
-        return f"{self.address}:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.address}:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.address}:{self.metrics_port}/metrics"
 
     def command(self, backends: Path, repository: Path) -> list[str]:
         return [
@@ -258,17 +242,9 @@ class EmbeddedTriton:
         self._view = Path(tempfile.mkdtemp(prefix="tritonstack-repo-"))
         for model in served:
             (self._view / model.name).symlink_to(model.directory.resolve())
-        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
-        self.process = subprocess.Popen(
-            self.command(backends, self._view),
-            env=self.environment(),
-            stdout=log,
-            stderr=subprocess.STDOUT if log else None,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+        self.process = processes.spawn(
+            self.command(backends, self._view), self.log_path, env=self.environment()
         )
-        if log:
-            log.close()
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -308,23 +284,23 @@ class EmbeddedTriton:
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2.0)
-        deadline = time.monotonic() + timeout
         waiting = list(self.served)
+
+        def all_ready() -> bool:
+            nonlocal waiting
+            with contextlib.suppress(Exception):  # not listening yet
+                waiting = [m for m in waiting if not client.is_model_ready(m)]
+            return not waiting
+
         try:
-            while waiting:
-                if self.process.poll() is not None:
-                    raise UserError(
-                        f"tritonserver exited with code {self.process.returncode} while loading "
-                        f"models{self._log_hint()}"
-                    )
-                if time.monotonic() > deadline:
-                    raise UserError(
-                        f"models {waiting} not ready after {timeout:.0f} s{self._log_hint()}"
-                    )
-                with contextlib.suppress(Exception):  # not listening yet
-                    waiting = [m for m in waiting if not client.is_model_ready(m)]
-                if waiting:
-                    time.sleep(0.2)
+            processes.wait_ready(
+                self.process,
+                all_ready,
+                timeout,
+                "tritonserver",
+                waiting_for=lambda: f"models {waiting}",
+                details=self._log_hint,
+            )
         finally:
             client.close()
 
@@ -351,16 +327,8 @@ class EmbeddedTriton:
         code = None
         self.stubs = {}
         if self.process is not None:
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGTERM)
-                try:
-                    self.process.wait(self.exit_timeout_secs + 15 if grace is None else grace)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                    self.process.wait()
-            code = self.process.returncode
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            grace = self.exit_timeout_secs + 15 if grace is None else grace
+            code = processes.stop(self.process, grace, whole_group=False)
         for segment in SHM_DIR.glob(f"{self.shm_prefix}*"):
             segment.unlink(missing_ok=True)
         view = getattr(self, "_view", None)

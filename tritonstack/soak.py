@@ -9,9 +9,7 @@ clients sends batch-1 requests through `pipeline`. It writes soak.csv, soak.png 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,7 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.client import ClosedLoop
 from tritonstack.errors import UserError
+from tritonstack.processes import rss_bytes, tree
 
 
 @dataclass(frozen=True)
@@ -33,53 +33,8 @@ class Sample:
     shm_mb: float
 
 
-class Client(threading.Thread):
-    """One persistent connection; latencies collected per sampling window."""
-
-    def __init__(self, url: str, model: str):
-        super().__init__(daemon=True)
-        self.url, self.model = url, model
-        self.halt = threading.Event()
-        self.lock = threading.Lock()
-        self.latencies: list[float] = []
-        self.errors = 0
-
-    def run(self) -> None:
-        import tritonclient.http as httpclient
-
-        client = httpclient.InferenceServerClient(self.url, network_timeout=30)
-        features = np.random.default_rng(0).standard_normal((1, 128)).astype(np.float32)
-        while not self.halt.is_set():
-            tensor = httpclient.InferInput("features", [1, 128], "FP32")
-            tensor.set_data_from_numpy(features)
-            started = time.perf_counter()
-            try:
-                client.infer(self.model, [tensor])
-                with self.lock:
-                    self.latencies.append(time.perf_counter() - started)
-            except Exception:
-                with self.lock:
-                    self.errors += 1
-                time.sleep(0.05)
-        client.close()
-
-    def drain(self) -> tuple[list[float], int]:
-        with self.lock:
-            latencies, errors = self.latencies, self.errors
-            self.latencies, self.errors = [], 0
-        return latencies, errors
-
-
 def server_rss_mb(pid: int) -> float:
-    import psutil
-
-    process = psutil.Process(pid)
-    members = [process, *process.children(recursive=True)]
-    total = 0
-    for member in members:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += member.memory_info().rss
-    return total / 2**20
+    return rss_bytes(tree(pid)) / 2**20
 
 
 def shm_mb(prefix: str) -> float:
@@ -163,7 +118,7 @@ def soak(
     server = EmbeddedTriton(repository, *free_ports(3), log_path=out / "tritonserver.log")
     samples: list[Sample] = []
     with server:
-        workers = [Client(server.http_url, model) for _ in range(clients)]
+        workers = [ClosedLoop(server.http_url, model) for _ in range(clients)]
         for worker in workers:
             worker.start()
         started = window = time.monotonic()

@@ -14,7 +14,6 @@ one child, or a kill of this process itself leaves nothing running.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import signal
@@ -23,19 +22,25 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack import DEFAULT_MODEL_REPOSITORY, processes
+from tritonstack.contract import (
+    GRPC_PORT,
+    HTTP_PORT,
+    LOCUST_METRICS_PORT,
+    LOCUST_WEB_PORT,
+    LOOPBACK,
+    METRICS_PORT,
+)
 from tritonstack.errors import UserError
+from tritonstack.project import project_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = project_dir()
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 LOCUST_CONF = ROOT / "loadtest" / "locust.conf"
-ADDRESS = "127.0.0.1"
+ADDRESS = LOOPBACK
 HOW_TO_GET_PROMETHEUS = (
     "`sudo apt-get install prometheus` (Debian/Ubuntu; then `sudo systemctl disable --now "
     "prometheus` if you do not want the system service) or a release from "
@@ -59,19 +64,7 @@ class Child:
     process: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> Child:
-        from tritonstack.runtime import _die_with_parent
-
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=self.cwd,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        self.process = processes.spawn(self.command, self.log_path, env=self.env, cwd=self.cwd)
         return self
 
     def poll(self) -> int | None:
@@ -79,22 +72,12 @@ class Child:
 
     def terminate(self) -> None:
         """SIGTERM to the whole group (both exit cleanly on it); wait() finishes the job."""
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
+        if self.process is not None:
+            processes.signal_group(self.process, signal.SIGTERM)
 
     def wait(self, timeout: float = 20.0) -> int | None:
         """Wait for the exit, SIGKILL the group if it is late, and reap stray group members."""
-        if self.process is None:
-            return None
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        return self.process.returncode
+        return None if self.process is None else processes.finish(self.process, timeout)
 
     def log_tail(self) -> str:
         return _tail(self.name, self.log_path)
@@ -125,25 +108,17 @@ def _check_ports(ports: dict[str, int]) -> None:
                 ) from None
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def _wait_http(child: Child, url: str, timeout: float) -> None:
     """Until `url` answers 200; a child that exits or a deadline passed is a UserError."""
-    deadline = time.monotonic() + timeout
-    while not _answers(url):
-        if child.poll() is not None:
-            print(child.log_tail(), file=sys.stderr)
-            raise UserError(f"{child.name} exited with code {child.poll()} while starting")
-        if time.monotonic() > deadline:
-            print(child.log_tail(), file=sys.stderr)
-            raise UserError(f"{child.name} did not answer {url} within {timeout:.0f} s")
-        time.sleep(0.3)
+    processes.wait_ready(
+        child.process,
+        lambda: processes.http_ok(url),
+        timeout,
+        child.name,
+        waiting_for=lambda: url,
+        details=lambda: ":\n" + child.log_tail(),
+        interval=0.3,
+    )
 
 
 def find_prometheus(option: str | None) -> str | None:
@@ -212,14 +187,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MODEL_REPOSITORY,
         help="model repository directory (default: this checkout's model_repository/)",
     )
-    ports = parser.add_argument_group("ports (all on 127.0.0.1)")
+    ports = parser.add_argument_group(f"ports (all on {ADDRESS})")
     for option, default, what in (
-        ("--http-port", 8000, "clients' HTTP (the gateway; Triton with --no-gateway)"),
-        ("--grpc-port", 8001, "clients' gRPC (the gateway; Triton with --no-gateway)"),
-        ("--metrics-port", 8002, "Triton metrics"),
+        ("--http-port", HTTP_PORT, "clients' HTTP (the gateway; Triton with --no-gateway)"),
+        ("--grpc-port", GRPC_PORT, "clients' gRPC (the gateway; Triton with --no-gateway)"),
+        ("--metrics-port", METRICS_PORT, "Triton metrics"),
         ("--prometheus-port", 9090, "Prometheus"),
-        ("--locust-port", 8089, "Locust web UI"),
-        ("--locust-metrics-port", 9646, "Locust's client metrics (scraped by Prometheus)"),
+        ("--locust-port", LOCUST_WEB_PORT, "Locust web UI"),
+        (
+            "--locust-metrics-port",
+            LOCUST_METRICS_PORT,
+            "Locust's client metrics (scraped by Prometheus)",
+        ),
     ):
         ports.add_argument(option, type=int, default=default, help=f"{what} (default: {default})")
     parser.add_argument(

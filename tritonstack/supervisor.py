@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME
 from tritonstack.errors import UserError
 from tritonstack.runtime import EmbeddedTriton
 
@@ -77,8 +78,8 @@ def deep_probe(
     except Exception as exc:
         return f"cannot connect: {exc}"
     try:
-        tensor = httpclient.InferInput("features", [1, 128], "FP32")
-        tensor.set_data_from_numpy(np.zeros((1, 128), np.float32))
+        tensor = httpclient.InferInput(INPUT_NAME, [1, FEATURES], INPUT_DATATYPE)
+        tensor.set_data_from_numpy(np.zeros((1, FEATURES), np.float32))
         for _ in range(repeat):
             result = client.infer(
                 model, [tensor], outputs=[httpclient.InferRequestedOutput("label")]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tritonstack.contract import LOOPBACK, METRICS_PORT
 from tritonstack.errors import UserError
 
 SUCCESS = "nv_inference_request_success"
@@ -143,7 +144,7 @@ def _scrape(url: str) -> Samples:
             "(`tritonstack serve` or `tritonstack up`)? --url sets the address"
         ) from None
     if not any(name == SUCCESS for name, _ in samples):
-        raise UserError(f"{url} has no {SUCCESS}: is this Triton's metrics port (8002)?")
+        raise UserError(f"{url} has no {SUCCESS}: is this Triton's metrics port ({METRICS_PORT})?")
     return samples
 
 
@@ -164,7 +165,7 @@ def _title(url: str, seconds: float) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
-        default="http://127.0.0.1:8002/metrics",
+        default=f"http://{LOOPBACK}:{METRICS_PORT}/metrics",
         help="Triton's metrics URL (default: %(default)s)",
     )
     parser.add_argument(
