@@ -125,6 +125,7 @@ def pip_download(
 
 
 # pip download needs PyPI and may fetch a few hundred MB on a cold cache: above the suite's 300 s.
+@pytest.mark.integration  # downloads every pinned wheel from PyPI (~30 s)
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_image_requirements_have_wheels(dockerfile: str, tmp_path: Path) -> None:
@@ -142,6 +143,7 @@ def test_image_requirements_have_wheels(dockerfile: str, tmp_path: Path) -> None
         assert pinned <= wheels  # every pin resolved to a wheel, not only its dependencies
 
 
+@pytest.mark.integration  # asks PyPI
 def test_old_numpy_pin_has_no_wheel_for_the_locust_image(tmp_path: Path) -> None:
     """The resolution check catches a pin that does not install: numpy 1.26.4 on Python 3.13."""
     image = image_python("Dockerfile.locust")
