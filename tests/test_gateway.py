@@ -7,8 +7,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import ssl
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -447,3 +449,26 @@ def test_compose_generated_key_guards_a_gateway_published_beyond_loopback(triton
             keyed = call(gateway.http_url, "POST", path, body, {"Authorization": f"Bearer {key}"})
             assert keyed[0] == 200, (published, keyed)
             assert anonymous == (401 if needs_key else 200), published
+
+
+def test_soft_stop_answers_a_request_on_an_idle_keep_alive_connection(triton):
+    """A stop must not close a keep-alive connection under a client that is sending on it:
+    after SIGUSR1 the idle connection's next request is answered, with `Connection: close`
+    (option idle-close-on-response); without it HAProxy closes idle connections at once and the
+    request is lost."""
+    require_tool("haproxy")
+    with Gateway.for_triton(triton, **gateway_ports()) as gateway:
+        host, port = gateway.http_url.split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.request("GET", "/v2/health/ready")
+        first = connection.getresponse()
+        first.read()
+        assert first.status == 200
+        gateway.process.send_signal(signal.SIGUSR1)  # what `stop()` and compose send
+        time.sleep(0.5)  # the soft stop has run: listeners closed, idle connections handled
+        connection.request("POST", "/v2/models/classifier/infer", body=infer_body([1, 128]))
+        last = connection.getresponse()
+        last.read()
+        connection.close()
+        assert last.status == 200
+        assert last.getheader("connection", "").lower() == "close"

@@ -80,13 +80,39 @@ def cpu_contention():
 
 @pytest.fixture(scope="module")
 def supervised():
+    """`tritonstack serve` (gateway in front): the process, the gateway's URL, its output, and
+    Triton's own URL (what a client that bypasses the gateway reaches)."""
     process, ports = start_serve(REPOSITORY)
     wait_for_line(process, "Ctrl-C stops the server")
     output = Output(process)
     output.start()
-    yield process, f"127.0.0.1:{ports[0]}", output
+    yield process, f"127.0.0.1:{ports[0]}", output, f"127.0.0.1:{ports[3]}"
     process.send_signal(signal.SIGTERM)
     process.wait(60)
+
+
+#: After "recovered" (Triton ready again), the gateway routes to it at its next health check:
+#: every 0.5 s while a replica is down (gateway/haproxy.cfg); 5 s leaves room for a slow machine.
+ROUTED_AGAIN_WITHIN = 5
+
+
+def wait_routed(url: str) -> float:
+    """Seconds until the gateway at `url` reports Triton ready again."""
+    started = time.monotonic()
+    host, port = url.split(":")
+    while True:
+        try:
+            connection = http.client.HTTPConnection(host, int(port), timeout=2)
+            connection.request("GET", "/v2/health/ready")
+            status = connection.getresponse().status
+            connection.close()
+        except OSError:
+            status = None
+        waited = time.monotonic() - started
+        if status == 200:
+            return waited
+        assert waited < ROUTED_AGAIN_WITHIN, f"gateway still not routing after {waited:.1f} s"
+        time.sleep(0.1)
 
 
 #: Upper bound from a kill to "restarting Triton", whichever instance died: the stubs are looked at
@@ -97,7 +123,7 @@ DETECT_WITHIN = 10
 
 
 def test_killed_stub_is_detected_and_triton_restarted(supervised):
-    process, url, output = supervised
+    process, url, output, _triton = supervised
     load = ClosedLoop(url, "pipeline", timeout=5)
     load.start()
     time.sleep(2)
@@ -129,12 +155,13 @@ def test_killed_stub_is_detected_and_triton_restarted(supervised):
 def test_dead_stub_that_no_probe_reaches_is_detected(supervised):
     """The deep probe goes through `pipeline` only, so it can never reach `classify`'s stubs: a
     probe alone would leave this one dead forever. The stub watch restarts Triton anyway."""
-    process, url, output = supervised
+    process, url, output, _triton = supervised
     with cpu_contention():
         killed_at = time.monotonic()
         stub_of(process.pid, "classify_0_1").kill()
         at, dead = output.wait_for(r"^dead: ", killed_at, timeout=DETECT_WITHIN + 10)
     output.wait_for(r"^recovered:", killed_at, timeout=120)
+    wait_routed(url)
     print(f"\nclassify stub crash: detected {at - killed_at:.1f} s after kill -9: {dead}")
     assert dead == "dead: Python stub exited: classify_0_1"
     assert at - killed_at < DETECT_WITHIN
@@ -144,11 +171,11 @@ def test_dead_stub_that_no_probe_reaches_is_detected(supervised):
 
 def test_upstream_pin_2_51_bad_alloc_abort_is_survived(supervised):
     """Upstream Triton 2.51: a JSON shape declaring ~1e8 rows makes the HTTP frontend allocate
-    that much and abort (std::bad_alloc). Nothing in front of Triton can stop it here, so the
-    supervisor's job is to bring the server back; docs/security.md tells deployers to validate
-    shapes in their gateway."""
-    _process, url, output = supervised
-    host, port = url.split(":")
+    that much and abort (std::bad_alloc); releases from 2.59 check the size first. The gateway
+    refuses the shape (tests/test_gateway.py); this is a client that reaches Triton directly,
+    and the supervisor's job is to bring the server back."""
+    _process, url, output, triton_url = supervised
+    host, port = triton_url.split(":")
     body = json.dumps(
         {"inputs": [{"name": "features", "shape": [10**8, 128], "datatype": "FP32",
                      "data": [0.5] * 128}]}
@@ -161,6 +188,7 @@ def test_upstream_pin_2_51_bad_alloc_abort_is_survived(supervised):
     connection.close()
     output.wait_for(r"tritonserver exited with code", sent_at, timeout=20)
     output.wait_for(r"^recovered:", sent_at, timeout=120)
+    wait_routed(url)
     assert infer(url, "classify", np.zeros((1, 128), np.float32))["score"].shape == (1, 1)
 
 
