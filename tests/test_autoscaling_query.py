@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -22,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPOSITORY, free_ports, require_tool
-from tests.test_observability_live import prometheus_query, wait_until_ok
+from tests.conftest import REPOSITORY, free_ports
+from tests.test_observability_live import prometheus_query, running_prometheus
 from tritonstack.promconfig import render
 from tritonstack.runtime import EmbeddedTriton
 
@@ -70,37 +69,12 @@ def test_adapter_rule_names_the_metric_it_queries() -> None:
 @contextlib.contextmanager
 def prometheus_scraping(tmp: Path, triton_metrics: str):
     """Debian's prometheus scraping Triton as a PodMonitor would: 5 s, with pod labels."""
-    binary = require_tool("prometheus")
-    (port,) = free_ports(1)
     config = yaml.safe_load(render(triton_metrics))
     for job in config["scrape_configs"]:
         if job["job_name"] == "triton":
             job["static_configs"][0]["labels"] = dict(POD_LABELS)
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log_path = tmp / "prometheus.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_until_ok(f"{base}/-/ready", process, log_path, seconds=30)
-            yield base
-        finally:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with running_prometheus(tmp, yaml.safe_dump(config)) as base:
+        yield base
 
 
 def poll(base: str, query: str, accept, seconds: float) -> dict[frozenset, float]:

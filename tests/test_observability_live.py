@@ -33,7 +33,7 @@ import yaml
 
 from bench.loadgen import Generator, Target
 from tests.conftest import REPOSITORY, embeddings, free_ports, require_tool
-from tritonstack import dashboards
+from tritonstack import dashboards, processes
 from tritonstack.gateway import Gateway
 from tritonstack.metrics import scrape
 from tritonstack.promconfig import PROMETHEUS_DIR, render
@@ -185,6 +185,29 @@ def wait_until_ok(url: str, process: subprocess.Popen, log: Path, seconds: float
 
 
 @contextlib.contextmanager
+def running_prometheus(tmp: Path, config: str):
+    """Debian's prometheus with `config` (YAML text) on a free loopback port; yields its URL."""
+    binary = require_tool("prometheus")
+    (port,) = free_ports(1)
+    (tmp / "prometheus.yml").write_text(config)
+    log = tmp / "prometheus.log"
+    command = [
+        binary,
+        f"--config.file={tmp / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    process = processes.spawn(command, log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ok(f"{base}/-/ready", process, log, seconds=30)
+        yield base
+    finally:
+        processes.stop(process, 15)
+
+
+@contextlib.contextmanager
 def prometheus(
     tmp: Path,
     triton_metrics: str,
@@ -193,42 +216,15 @@ def prometheus(
     client_http: str,
     gateway_metrics: str,
 ):
-    binary = require_tool("prometheus")
-    (port,) = free_ports(1)
-    config = tmp / "prometheus.yml"
-    config.write_text(
-        render(
-            triton_metrics,
-            [locust_exporter],
-            blackbox=blackbox,
-            triton_http=client_http,
-            gateway_metrics=gateway_metrics,
-        )
+    config = render(
+        triton_metrics,
+        [locust_exporter],
+        blackbox=blackbox,
+        triton_http=client_http,
+        gateway_metrics=gateway_metrics,
     )
-    log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ok(f"{base}/-/ready", process, tmp / "prometheus.log", seconds=30)
+    with running_prometheus(tmp, config) as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 @contextlib.contextmanager
