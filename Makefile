@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help venv lint format test test-unit check serve clean
+.PHONY: help venv generate lint format test test-unit check serve clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -18,10 +18,19 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
-lint: venv ## ruff lint and format check; HAProxy parses the gateway's config
+generate: venv ## regenerate committed files: dashboards JSON, Kubernetes copies (tests fail on drift)
+	$(BIN)/tritonstack dashboards
+	$(BIN)/python -m tritonstack.k8s
+
+lint: venv ## ruff, hadolint, shellcheck, yamllint, promtool, haproxy -c, compose config (the CPU overlay uses Compose v2 tags: tests/test_compose.py merges it)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint Dockerfile.triton Dockerfile.locust
+	$(BIN)/shellcheck scripts/*.sh bench/*.sh
+	$(BIN)/yamllint .
+	promtool check rules prometheus/rules/*.yml
 	PATH="$$PATH:/usr/sbin" haproxy -c -f gateway/haproxy.cfg
+	docker-compose -f docker-compose.yml config -q
 
 format: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
@@ -36,7 +45,7 @@ test-unit: venv ## the tests that start no server and download nothing (-m "not 
 check: venv ## validate model_repository/ against Triton's schema and the ONNX file
 	$(BIN)/tritonstack check
 
-serve: venv ## run Triton on CPU on 127.0.0.1:8000/8001/8002
+serve: venv ## the gateway on 127.0.0.1:8000/8001, the real Triton (CPU) behind it
 	$(BIN)/tritonstack serve
 
 clean: ## remove the virtualenv and caches

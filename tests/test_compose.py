@@ -791,3 +791,7 @@ def test_ci_installs_haproxy_and_lint_checks_the_config() -> None:
     assert "need_apt+=(haproxy)" in ci
     makefile = (ROOT / "Makefile").read_text()
     assert "haproxy -c -f gateway/haproxy.cfg" in makefile
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    for tool in ("ruff check", "hadolint", "shellcheck", "yamllint", "promtool check rules",
+                 "haproxy -c", "docker-compose -f docker-compose.yml config"):  # fmt: skip
+        assert tool in lint, f"`make lint` does not run {tool}"
