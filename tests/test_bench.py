@@ -518,11 +518,16 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
         for p in results["points"]
         if p["key"] in {f"triton:default|{m}|http-json|c16" for m in PROFILED}
     }
-    # Stubs the request never reaches may idle a little (under explain.IDLE_US); those it
-    # passes through cost far more.
+    # Stubs the request never reaches idle a little (on a fresh machine up to ~1.3 us per
+    # request: their own health checks and metrics, spread over the requests); those it passes
+    # through cost ~100 us. The claim is the order of magnitude: every process on the path costs
+    # at least 20x any process off it, whatever the machine's idle noise.
     for sent, stubs in PROFILED.items():
-        busy = {role for role, us in by_process[sent].items() if us >= explain.IDLE_US}
-        assert busy == {"tritonserver", *stubs}, (sent, by_process[sent])
+        costs = by_process[sent]
+        on_path = {role: costs.get(role, 0) for role in ("tritonserver", *stubs)}
+        off_path = [us for role, us in costs.items() if role not in on_path]
+        assert min(on_path.values()) >= explain.IDLE_US, (sent, costs)
+        assert min(on_path.values()) >= 20 * max(off_path, default=0), (sent, costs)
     # py-spy sampled every stub under load and found both the model's code and the backend's.
     for sent, stubs in PROFILED.items():
         profiles = results["profiles"][sent]
