@@ -281,28 +281,27 @@ class EmbeddedTriton(processes.Endpoints):
         return dead
 
     def _wait_ready(self, timeout: float) -> None:
-        import tritonclient.http as httpclient
-
-        client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2.0)
+        # Plain urllib, not tritonclient: its gevent hub prints and swallows an exception that
+        # a signal handler raises while the hub runs, which would lose a Ctrl-C during start.
         waiting = list(self.served)
 
         def all_ready() -> bool:
             nonlocal waiting
-            with contextlib.suppress(Exception):  # not listening yet
-                waiting = [m for m in waiting if not client.is_model_ready(m)]
+            waiting = [
+                m
+                for m in waiting
+                if not processes.http_ok(f"http://{self.http_url}/v2/models/{m}/ready")
+            ]
             return not waiting
 
-        try:
-            processes.wait_ready(
-                self.process,
-                all_ready,
-                timeout,
-                "tritonserver",
-                waiting_for=lambda: f"models {waiting}",
-                details=self._log_hint,
-            )
-        finally:
-            client.close()
+        processes.wait_ready(
+            self.process,
+            all_ready,
+            timeout,
+            "tritonserver",
+            waiting_for=lambda: f"models {waiting}",
+            details=self._log_hint,
+        )
 
     def _log_hint(self) -> str:
         """The server's own error lines, minus the CUDA noise every CPU-only start prints."""

@@ -48,8 +48,11 @@ HOW_TO_GET_PROMETHEUS = (
 )
 
 
-class _Interrupted(Exception):
-    """SIGINT or SIGTERM arrived while the stack was still starting."""
+class _Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived while the stack was still starting.
+
+    A BaseException, like KeyboardInterrupt: the signal handler raises it wherever the main
+    thread happens to be, and a library's `except Exception` there must not swallow the stop."""
 
 
 @dataclass
