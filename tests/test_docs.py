@@ -62,6 +62,10 @@ RUN_ELSEWHERE = {
         "tests/test_markers.py::test_make_test_runs_everything_and_test_unit_leaves_out_only_integration"
     ),
     "tritonstack serve": "tests/test_serve.py::test_signal_stops_triton_and_every_stub",
+    "tritonstack --project-dir ~/tritonstack check": (
+        "tests/test_package.py::test_project_dir_option_wins_over_the_variable_and_the_current_"
+        "directory (an installed copy, a project elsewhere)"
+    ),
     "python examples/client.py": "tests/test_inference.py::test_seed_client_example_prints_labels",
     "kubectl kustomize deploy/kubernetes/overlays/gpu | grep -E '^kind:' | sort -u": (
         "tests/test_kubernetes.py::test_readme_command_prints_what_the_readme_shows"

@@ -65,6 +65,28 @@ def test_project_dir_variable_wins_over_the_current_directory(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def test_project_dir_option_wins_over_the_variable_and_the_current_directory(tmp_path):
+    """The option points every command at a project; a broken copy proves which one was read."""
+    site = installed_copy(tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(ROOT / "model_repository", broken / "model_repository")
+    (broken / "model_repository" / "classifier" / "1" / "model.onnx").unlink()
+    result = run(
+        site, ROOT, "--project-dir", str(broken), "check", env={PROJECT_DIR_ENV: str(ROOT)}
+    )
+    assert result.returncode == 1
+    assert str(broken / "model_repository") in result.stderr
+    good = run(site, broken, "--project-dir", str(ROOT), "check")
+    assert good.returncode == 0, good.stderr
+
+
+def test_project_dir_option_without_a_project_is_one_readable_line(tmp_path):
+    result = run(installed_copy(tmp_path), tmp_path, "--project-dir", str(tmp_path), "check")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert f"--project-dir {tmp_path}: no model_repository/ folder there" in result.stderr
+
+
 def test_package_data_covers_the_backends_the_runtime_installs():
     """setuptools ships only what package-data names; the runtime copies every backend file."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())

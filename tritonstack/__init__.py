@@ -1,8 +1,18 @@
 """tritonstack: a small classifier served by NVIDIA Triton, with an embedded CPU runtime."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
 from tritonstack.project import project_dir
 
 __version__ = "0.1.0"
 
-#: The project's model repository (the one compose bakes into the image).
-DEFAULT_MODEL_REPOSITORY = project_dir() / "model_repository"
+
+def __getattr__(name: str) -> Path:
+    # Resolved on first use, not at import: `tritonstack --project-dir` sets the project folder
+    # after this package is imported and before any command module reads it.
+    if name == "DEFAULT_MODEL_REPOSITORY":
+        #: The project's model repository (the one compose bakes into the image).
+        return project_dir() / "model_repository"
+    raise AttributeError(f"module 'tritonstack' has no attribute {name!r}")

@@ -13,7 +13,6 @@ import sys
 import threading
 from pathlib import Path
 
-from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.contract import (
     FEATURES,
     GRPC_PORT,
@@ -25,14 +24,17 @@ from tritonstack.contract import (
     PUBLIC_MODELS,
 )
 from tritonstack.errors import UserError, require_extra
+from tritonstack.project import PROJECT_DIR_ENV, use_project_dir
 
 
 def _repository_arg(parser: argparse.ArgumentParser) -> None:
+    from tritonstack import DEFAULT_MODEL_REPOSITORY
+
     parser.add_argument(
         "--model-repository",
         type=Path,
         default=DEFAULT_MODEL_REPOSITORY,
-        help="model repository directory (default: this checkout's model_repository/)",
+        help="model repository directory (default: the project's model_repository/)",
     )
 
 
@@ -176,6 +178,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
     outputs = infer(
         url, args.model, features.astype(np.float32), protocol=args.protocol, api_key=args.api_key
     )
+    from tritonstack import DEFAULT_MODEL_REPOSITORY
+
     labels = (DEFAULT_MODEL_REPOSITORY / LABELS_FILE).read_text().split("\n")
     print(f"{'row':>4}  {'label':<14} score")
     for row, prediction in enumerate(predictions(args.model, outputs, labels)):
@@ -186,6 +190,13 @@ def cmd_infer(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonstack", description="Serve a small classifier on NVIDIA Triton."
+    )
+    parser.add_argument(
+        "--project-dir",
+        type=Path,
+        default=None,
+        help=f"the project folder (model_repository/, gateway/, prometheus/...; default: "
+        f"${PROJECT_DIR_ENV}, else the checkout this package runs from, else the current folder)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -247,7 +258,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _project_dir_option(argv: list[str] | None) -> Path | None:
+    """`--project-dir`, read before the command modules import: they locate their files then."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--project-dir", type=Path, default=None)
+    known, _ = early.parse_known_args(argv)
+    return known.project_dir
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        chosen = _project_dir_option(argv)
+        if chosen is not None:
+            use_project_dir(chosen)
+    except UserError as exc:
+        print(f"tritonstack: error: {exc}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     if getattr(args, "seed", 0) is None:
         from tritonstack.export import SEED

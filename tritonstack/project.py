@@ -2,14 +2,16 @@
 
 The installed package holds only code (and the embedded runtime's backends, package data). The
 folders a deployment is made of belong to the project a user cloned and edits, so they are found
-here, once: $TRITONSTACK_PROJECT_DIR, else the checkout the package runs from (an editable
-install), else the current directory.
+here, once: `tritonstack --project-dir`, else $TRITONSTACK_PROJECT_DIR, else the checkout the
+package runs from (an editable install), else the current directory.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from tritonstack.errors import UserError
 
 PROJECT_DIR_ENV = "TRITONSTACK_PROJECT_DIR"
 #: What marks a folder as a tritonstack project.
@@ -25,3 +27,15 @@ def project_dir() -> Path:
     if (source / MARKER).is_dir():
         return source
     return Path.cwd()
+
+
+def use_project_dir(path: Path) -> Path:
+    """Make `path` the project folder for this process and the processes it starts."""
+    resolved = path.expanduser().resolve()
+    if not (resolved / MARKER).is_dir():
+        raise UserError(
+            f"--project-dir {path}: no {MARKER}/ folder there; give the folder you cloned "
+            "tritonstack into (the one holding model_repository/, gateway/, prometheus/)"
+        )
+    os.environ[PROJECT_DIR_ENV] = str(resolved)
+    return resolved
