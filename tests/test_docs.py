@@ -68,7 +68,7 @@ RUN_ELSEWHERE = {
     ),
     "python examples/client.py": "tests/test_inference.py::test_seed_client_example_prints_labels",
     "kubectl kustomize deploy/kubernetes/overlays/gpu | grep -E '^kind:' | sort -u": (
-        "tests/test_kubernetes.py::test_readme_command_prints_what_the_readme_shows"
+        "tests/test_kubernetes.py::test_scaling_doc_command_prints_what_the_doc_shows"
     ),
     "python -m tritonstack.k8s": (
         "tests/test_kubernetes.py::test_generated_copies_match_their_sources"

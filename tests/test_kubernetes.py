@@ -591,10 +591,10 @@ def test_keda_scales_on_the_same_query_target_and_behaviour(rendered) -> None:
     assert same_query(trigger["metadata"]["query"], f"avg({per_pod})")
 
 
-def test_readme_command_prints_what_the_readme_shows() -> None:
+def test_scaling_doc_command_prints_what_the_doc_shows() -> None:
     path = f"{Path(kubectl()).parent}{os.pathsep}{os.environ['PATH']}"
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Deploy on Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "scaling.md").read_text()
+    section = page.split("### What an overlay renders\n", 1)[1].split("\n## ", 1)[0]
     command, shown = re.findall(r"```(?:bash)?\n(.*?)```", section, re.S)[:2]
     result = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {command}"],

@@ -156,6 +156,26 @@ def test_every_image_is_in_the_version_table_with_its_tag() -> None:
     assert "haproxy" in table  # the gateway's row, filled in by the gateway's branch
 
 
+def test_docs_name_the_locally_built_images_by_their_compose_tags() -> None:
+    """`tritonstack/<image>:<tag>` in a page is what you build and push: the tag compose builds."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    built = {
+        name: tag
+        for service in compose["services"].values()
+        if "build" in service
+        for name, tag in [service["image"].rsplit(":", 1)]
+    }
+    assert set(built) == {"tritonstack/triton", "tritonstack/locust"}
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    stale = [
+        f"{page.relative_to(ROOT)}: {name}:{tag} (compose builds {name}:{built.get(name)})"
+        for page in pages
+        for name, tag in re.findall(r"(tritonstack/[a-z-]+):([\w.-]+)", page.read_text())
+        if built.get(name) != tag
+    ]
+    assert not stale
+
+
 def test_deployment_doc_quotes_the_pinned_versions() -> None:
     deployment = (ROOT / "docs" / "deployment.md").read_text()
     for image in used_images():
