@@ -39,8 +39,8 @@ format: venv ## apply ruff's fixes and formatting
 test: lint ## lint, then every test (starts the real tritonserver on CPU); what CI runs
 	$(BIN)/pytest
 
-test-unit: venv ## the tests that start no server and download nothing (-m "not integration"), in under a minute
-	$(BIN)/pytest -m "not integration"
+test-unit: venv ## the tests that start no server and download nothing (-m "not integration"), on every core, in under a minute
+	$(BIN)/pytest -m "not integration" -n auto
 
 check: venv ## validate model_repository/ against Triton's schema and the ONNX file
 	$(BIN)/tritonstack check
