@@ -20,9 +20,10 @@ user by hand), so all types count alike. The event fires in the process that ran
 a distributed run each worker counts its own requests and the master, which only receives
 aggregated statistics, counts nothing; Prometheus sums the workers.
 
-Served on LOCUST_METRICS_ADDR:LOCUST_METRICS_PORT (default 0.0.0.0:9646, what compose scrapes;
-port 0 serves nothing). `--metrics-snapshot FILE` also writes the final exposition text when the
-process quits, because a headless run's endpoint is gone once Locust exits.
+Served on LOCUST_METRICS_ADDR:LOCUST_METRICS_PORT (default 127.0.0.1:9646; the Locust image sets
+0.0.0.0, what compose and Kubernetes scrape; port 0 serves nothing). `--metrics-snapshot FILE`
+also writes the final exposition text when the process quits, because a headless run's endpoint
+is gone once Locust exits.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from prometheus_client import (
 )
 
 DEFAULT_PORT = 9646
-DEFAULT_ADDR = "0.0.0.0"  # inside a container; tritonstack loadtest passes 127.0.0.1
+#: Loopback unless told otherwise: the Locust image sets LOCUST_METRICS_ADDR=0.0.0.0 so that
+#: Prometheus on the compose network or in the cluster can scrape it.
+DEFAULT_ADDR = "127.0.0.1"
 LABELS = ("user_type", "model")
 BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,

@@ -42,7 +42,7 @@ WRITTEN_OUT = {
         "MODEL_OUTPUTS": "MODEL_OUTPUTS",
         "GRPC_PORT": "GRPC_PORT",
     },
-    "loadtest/exporter.py": {"DEFAULT_PORT": "LOCUST_METRICS_PORT"},
+    "loadtest/exporter.py": {"DEFAULT_PORT": "LOCUST_METRICS_PORT", "DEFAULT_ADDR": "LOOPBACK"},
     "scripts/healthcheck.py": {
         "INPUT_NAME": "INPUT_NAME",
         "INPUT_DATATYPE": "INPUT_DATATYPE",
@@ -140,7 +140,8 @@ def test_compose_and_images_use_the_contracts_ports():
     expose = re.search(r"^EXPOSE (.+)$", (ROOT / "Dockerfile.triton").read_text(), re.M)
     assert {int(p) for p in expose.group(1).split()} == triton_ports
     locust_image = (ROOT / "Dockerfile.locust").read_text()
-    assert f"ENV LOCUST_METRICS_PORT={contract.LOCUST_METRICS_PORT}" in locust_image
+    env = f"ENV LOCUST_METRICS_PORT={contract.LOCUST_METRICS_PORT} LOCUST_METRICS_ADDR=0.0.0.0"
+    assert env in locust_image  # scraped from the compose network; natively loopback (below)
     expose = re.search(r"^EXPOSE (.+)$", locust_image, re.M)
     assert {contract.LOCUST_WEB_PORT, contract.LOCUST_METRICS_PORT} <= {
         int(p) for p in expose.group(1).split()
