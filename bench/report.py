@@ -37,7 +37,7 @@ COMPOSE_BENCH = """\
 """
 
 
-#: The issue's targets (CPU, 2 cores, side by side in one run).
+#: The project's throughput targets (CPU, 2 cores, side by side in one run).
 TARGET_NAMES = (
     "pipeline ≥ 3x FastAPI throughput at 16 clients, p99 no worse",
     "pipeline ≥ 80% of direct classifier throughput (16 clients)",
@@ -84,7 +84,7 @@ def _with_cost(target: Target, point: dict | None, reference: dict | None) -> Ta
 
 
 def targets(results: dict) -> list[Target]:
-    """The issue's targets, evaluated on this run's medians."""
+    """The project's throughput targets, evaluated on this run's medians."""
     json_ = "http-json"
     pipeline16 = _get(results, TRITON, "pipeline", json_, 16)
     classify16 = _get(results, TRITON, "classify", json_, 16)

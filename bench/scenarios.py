@@ -17,7 +17,7 @@ FAMILIES = {
     "batching": "dynamic batching off vs on",
     "delay": "queue delay sweep (max_queue_delay_microseconds)",
     "instances": "instance count 1 vs 2 (the Python models, the classifier, all three)",
-    "queue": "a queue policy (the old overload protection) vs none: the batcher stall it costs",
+    "queue": "a queue policy (Triton's overload protection) vs none: the batcher stall it costs",
     "gateway": "through the gateway (HAProxy) vs Triton direct: what admission control costs",
     "protocols": "HTTP/JSON vs HTTP binary tensors vs gRPC",
     "concurrency": "concurrency sweep",

@@ -44,8 +44,8 @@ def _instances(count: int, models: tuple[str, ...]) -> Callable[[ModelConfig], N
     return edit
 
 
-#: The queue policy the models had before the gateway took over overload control: kept as a
-#: variant because it is the evidence for that move (the batcher stall it causes).
+#: A queue policy (Triton's own overload protection): a variant, not the committed config,
+#: because it stalls the batcher on 2.51; the variant keeps that stall measurable.
 QUEUE_POLICY = {
     "max_queue_size": 256,
     "timeout_action": "REJECT",

@@ -323,13 +323,13 @@ args+=(
   --grpc-restricted-protocol="$RESTRICTED_APIS:$ADMIN_HEADER=$key"
 )
 
-# --- watchdog: a dead Python stub leaves Triton 2.51 "ready"; a real inference notices ----------
+# --- watchdog: "ready" does not prove answers; a real inference does ----------------------------
 # Armed by the first successful probe (models have loaded), it sends SIGTERM to tritonserver after
 # WATCHDOG_FAILURES failed probes in a row: the container exits and compose's restart policy
 # starts a new one (Docker does not restart a container that is merely unhealthy). The probe
 # (healthcheck.py) fails only for a dead server: connection refused, a model that answers an
-# error such as "Stub process ... is not healthy", or a wrong answer. A busy server (503 from the
-# queue limit, a timeout under load) passes: restarting it would only turn load into an outage.
+# error such as "Stub process ... is not healthy", or a wrong answer. A busy server (a 503, a
+# timeout under load) passes: restarting it would only turn load into an outage.
 watchdog() {
   local server=$1 failures=0 armed=0 parent
   while sleep "$WATCHDOG_INTERVAL"; do

@@ -10,9 +10,10 @@ with one instance's stub dead only every other request fails, so a single call c
 Only a dead server fails the check (exit 1, one line per model): no connection (refused, reset),
 an error answer other than load shedding (for example "Stub process ... is not healthy", an
 unknown model), or an answer without a known label. A busy server passes (exit 0, a `busy:`
-line): 503 (the queue limit turning requests away) or no answer within --timeout. Restarting a
-server because it is loaded would turn load into an outage; Docker's healthcheck and the
-entrypoint's watchdog both run this script.
+line): 503 (UNAVAILABLE: a server that is shutting down, or a queue policy, if someone adds
+one, turning requests away) or no answer within --timeout. Restarting a server because it is
+loaded would turn load into an outage; Docker's healthcheck and the entrypoint's watchdog both
+run this script.
 
 Standard library only: it runs with the tritonserver image's python3 (Dockerfile.triton
 HEALTHCHECK, docker-compose.yml healthcheck) and is tested against the embedded runtime.
@@ -36,7 +37,8 @@ FEATURES = 128
 HTTP_PORT = 8000
 LOOPBACK = "127.0.0.1"
 DEFAULT_LABELS = Path("/opt/tritonstack/model_repository/postprocess/labels.txt")
-# Triton's answer when a model's queue is full or a request timed out in it (UNAVAILABLE).
+# Triton's UNAVAILABLE: shutting down, or a queue policy's full queue or timeout (the committed
+# models have none; a user may add one).
 BUSY_STATUSES = {503}
 # An UNAVAILABLE answer that means a dead stub, not load.
 DEAD_STUB = "is not healthy"

@@ -3,7 +3,7 @@
 The load comes from wrk (C, the bench's HTTP load generator), not from Python threads: on a
 2-core machine 32 tritonclient threads share one GIL and cannot send faster than two model
 instances answer batch-1 requests, so a thread-based test measured the client, not the batcher
-(CI saw 1.8 rows per execution with threads; wrk drives 10+).
+(1.8 rows per execution with threads on 2 cores; wrk drives 10+).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_upstream_pin_a_queue_policy_stalls_the_batcher_500_ms(tmp_path):
 
     A queue policy turns off the dynamic batcher's payload prefetching, and on that path the
     batcher is not woken when its only instance frees up: requests that arrived meanwhile wait
-    for its 500 ms idle timeout. The committed repository gets the old policy back in a temporary
+    for its 500 ms idle timeout. The committed repository gets a queue policy in a temporary
     copy (variant `queue-policy-x1`, one instance per model); the same copy without the policy
     (`all-x1`) shows no stall in as many windows. When an upgrade fixes this upstream, this test
     fails, and a queue policy may come back as a second line of defence behind the gateway. The

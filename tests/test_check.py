@@ -134,7 +134,7 @@ RENAME_FEATURES = _edit("classifier/config.pbtxt", 'name: "features"', 'name: "f
 
 # (mutation, config file the message starts with, fragments of that one message, message count)
 CASES = {
-    # --- mistakes from the seed guide ---
+    # --- the mistakes the guide's snippets made (docs/guide.md) ---
     "class-declared-as-input": (
         _edit("classifier/config.pbtxt", CLASS_OUTPUT, 'input [\n  {\n    name: "class"'),
         "classifier/config.pbtxt",

@@ -425,7 +425,7 @@ def test_grafana_datasource_and_dashboards_are_wired(gpu: dict) -> None:
     mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}
     assert Path(mounts["/etc/grafana/provisioning"]) == ROOT / "grafana" / "provisioning"
     assert Path(mounts["/var/lib/grafana/dashboards"]) == ROOT / "grafana" / "dashboards"
-    # Any dashboard provider (issue 4) reads a directory compose mounts.
+    # Any dashboard provider reads a directory compose mounts.
     for provider_file in (ROOT / "grafana" / "provisioning" / "dashboards").glob("*.y*ml"):
         for provider in yaml.safe_load(provider_file.read_text()).get("providers", []):
             path = provider["options"]["path"]
@@ -642,9 +642,9 @@ class FakeBusyTriton:
 
 
 def test_healthcheck_passes_a_busy_server() -> None:
-    """Load shedding is not death: a 503 from the queue limit, or no answer within the timeout
-    under load, passes (with a `busy:` line), so neither Docker's healthcheck nor the watchdog
-    restarts a server for being loaded. The old probe failed on both."""
+    """Load shedding is not death: a 503 (here a queue policy's full queue), or no answer within
+    the timeout under load, passes (with a `busy:` line), so neither Docker's healthcheck nor the
+    watchdog restarts a server for being loaded."""
     full = "Exceeds maximum queue size"
     with FakeBusyTriton(503, full) as server:
         result = healthcheck("--url", server.url, "--model", "pipeline", "--model", "classify")

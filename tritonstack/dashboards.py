@@ -312,7 +312,7 @@ GATEWAY = RowSpec(
             "Gateway refusals/s (at capacity)",
             "5xx the gateway answered itself, with Retry-After, instead of passing the request "
             "to Triton: the per-replica queue was full or the wait timed out (or no replica was "
-            "ready). Triton never counted its own queue-full refusals; these are.",
+            "ready). Triton has no metric for refusals of its own; these are the count.",
             "reqps",
             (Query("proxy:haproxy_gateway_refusals:rate1m", "{{proxy}}"),),
         ),

@@ -12,9 +12,10 @@ So each check, every `interval` seconds, looks in order at:
    exited is dead, whichever instance requests happen to reach;
 3. a real inference through `pipeline` (classifier + postprocess), for what processes cannot
    show: wrong or missing answers, a hung server. Its failure reason is classified
-   (`classify_failure`): Triton's "Stub process ... is not healthy" is dead; a 503 (queue full,
-   queue timeout) means the server is alive and shedding load, which a restart would only make
-   worse, so it is not a failure; anything else counts, and `failures_to_restart` consecutive
+   (`classify_failure`): Triton's "Stub process ... is not healthy" is dead; a 503 (a queue
+   policy's full queue or timeout, if a user adds one; the committed models have none) means the
+   server is alive and shedding load, which a restart would only make worse, so it is not a
+   failure; anything else counts, and `failures_to_restart` consecutive
    ones restart the server.
 Dead restarts the server at once, which restarts every stub.
 """
