@@ -8,6 +8,7 @@ run where the package is not installed; these tests are what keeps them one fact
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -94,16 +95,26 @@ def test_model_configs_declare_the_contract():
     assert (REPOSITORY / contract.LABELS_FILE).is_file()
 
 
-def test_both_python_models_read_labels_the_same_way():
-    """postprocess and classify run in Triton's stub, where neither can import the other or
-    tritonstack, so each keeps its reader; they must stay the same function on the same file."""
-
-    def reader(model: str) -> str:
-        tree = ast.parse((REPOSITORY / model / "1" / "model.py").read_text())
-        [function] = [n for n in tree.body if getattr(n, "name", "") == "read_labels"]
-        return ast.dump(function)
-
-    assert reader("postprocess") == reader("classify")
+def test_both_python_models_run_postprocesss_labels_reader():
+    """Triton's stub puts only a model's own directory and version directory on sys.path, so
+    classify imports postprocess's labels_file.py through a symlink; a relative one keeps
+    resolving after a COPY, a bind mount or in the embedded runtime's repository view."""
+    owner = REPOSITORY / "postprocess" / "1" / "labels_file.py"
+    link = REPOSITORY / "classify" / "1" / "labels_file.py"
+    assert owner.is_file() and not owner.is_symlink()
+    assert link.is_symlink()
+    assert not os.readlink(link).startswith("/"), os.readlink(link)
+    assert link.resolve() == owner.resolve()
+    for name in ("postprocess", "classify"):
+        tree = ast.parse((REPOSITORY / name / "1" / "model.py").read_text())
+        assert "read_labels" not in {getattr(n, "name", None) for n in tree.body}, name
+        imported = [
+            alias.name
+            for n in tree.body
+            if isinstance(n, ast.ImportFrom) and n.module == "labels_file"
+            for alias in n.names
+        ]
+        assert imported == ["read_labels"], name
     configs = {m.name: m.config for m in iter_models(REPOSITORY)}
     files = {
         (REPOSITORY / name / configs[name].parameters["labels_file"].string_value).resolve()

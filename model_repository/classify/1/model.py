@@ -18,6 +18,10 @@ All carry `model` (this model's name) and `target` (the sub-request's model):
 - `tritonstack_predictions_total{model="classify", label}`: rows by predicted label, as in
   postprocess.
 Every series is created in initialize() so it is exported from 0 before the first request.
+
+Labels are read as postprocess reads them: labels_file.py here is a relative symlink to
+postprocess/1/labels_file.py, because Triton's stub puts only this model's directory and version
+directory on sys.path (the link survives COPY, the embedded runtime's view and a bind mount).
 """
 
 import json
@@ -26,16 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from labels_file import read_labels
 
 ROUTE_RECHECK_SECONDS = 5.0
 #: Sub-request latency buckets in seconds, 0.5 ms to 500 ms: the client-side histogram's range.
 SUBREQUEST_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5]
-
-
-def read_labels(model_dir: Path, config: dict) -> np.ndarray:
-    relative = config["parameters"]["labels_file"]["string_value"]
-    lines = (model_dir / relative).read_text(encoding="utf-8").splitlines()
-    return np.array([line.strip().encode() for line in lines if line.strip()], dtype=object)
 
 
 class TritonPythonModel:

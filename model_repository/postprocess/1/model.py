@@ -5,6 +5,11 @@ so renaming a class is a data change, not a code change. The scores are also ret
 as `probabilities`, for the reason given in config.pbtxt. STRING outputs are numpy object arrays
 of bytes shaped [rows, 1]: the layout Triton serialises without a copy per element.
 
+The labels' reader is labels_file.py beside this file, so that classify runs the same one:
+Triton's stub puts only a model's own directory and version directory on sys.path, so classify
+imports it through a relative symlink (which COPY, the embedded runtime's repository view and a
+bind mount all keep pointing here).
+
 Business metric: `tritonstack_predictions_total{model, label}` counts rows by predicted label on
 Triton's metrics port (pb_utils.MetricFamily), so a shift in the label distribution is visible in
 Prometheus. One series per label is created at start, so every label is exported from 0 on.
@@ -15,12 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
-
-def read_labels(model_dir: Path, config: dict) -> np.ndarray:
-    relative = config["parameters"]["labels_file"]["string_value"]
-    lines = (model_dir / relative).read_text(encoding="utf-8").splitlines()
-    return np.array([line.strip().encode() for line in lines if line.strip()], dtype=object)
+from labels_file import read_labels
 
 
 class TritonPythonModel:

@@ -1,0 +1,1 @@
+../../postprocess/1/labels_file.py
