@@ -15,17 +15,17 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
-from tests.conftest import ROOT, require_tool
+from tests.conftest import REPOSITORY, ROOT, require_tool
 from tests.test_autoscaling_query import adapter_query, same_query
+from tritonstack import contract, k8s
 from tritonstack import gateway as gateway_module
-from tritonstack import k8s
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 #: The oldest and newest Kubernetes whose schemas the manifests are checked against
@@ -616,3 +616,22 @@ def test_locust_runs_the_compose_image(rendered) -> None:
         ("locust-worker", "locust-worker"),
     ):
         assert container(objects, deployment)["image"] == services[service]["image"]
+
+
+def test_locust_checks_answers_against_the_repositorys_labels(rendered) -> None:
+    """A Locust pod sees only its ConfigMap: LOCUST_LABELS_FILE names a file of a mounted
+    ConfigMap, and that file is model_repository's labels file byte for byte."""
+    objects = rendered[("cpu", COMPONENTS)]
+    for deployment in ("locust-master", "locust-worker"):
+        pod = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+        path = PurePosixPath(env(pod["containers"][0])["LOCUST_LABELS_FILE"])
+        [mount] = [
+            m
+            for m in pod["containers"][0]["volumeMounts"]
+            if PurePosixPath(m["mountPath"]) == path.parent
+        ]
+        [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert "items" not in volume["configMap"], "every key is mounted as a file of its name"
+        data = find(objects, "ConfigMap", volume["configMap"]["name"])["data"]
+        labels = (REPOSITORY / contract.LABELS_FILE).read_bytes()
+        assert data[path.name].encode() == labels, deployment

@@ -12,7 +12,8 @@ on any difference. Edit the sources, then run `python -m tritonstack.k8s`:
 - gateway/haproxy.cfg -> base/generated/haproxy.cfg (the gateway's configMapGenerator input);
 - tritonstack/gateway.py's ports, admission limits and the request limits it derives from the
   model repository -> base/generated/gateway.env, the environment the native gateway gets;
-- loadtest/ -> components/locust/generated/loadtest.yaml, the ConfigMap Locust mounts;
+- loadtest/ and model_repository/postprocess/labels.txt -> components/locust/generated/
+  loadtest.yaml, the ConfigMap Locust mounts (the labels it checks answers against, as labels.txt);
 - docker-compose.yml's image tags -> generated/images.yaml in base and in the Locust component:
   kustomize ImageTagTransformers, so the pods run the tags compose runs.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from tritonstack.contract import LABELS_FILE
 from tritonstack.project import project_dir
 
 ROOT = project_dir()
@@ -37,6 +39,8 @@ RULES_DIR = ROOT / "prometheus" / "rules"
 DASHBOARDS_DIR = ROOT / "grafana" / "dashboards"
 HAPROXY_CFG = ROOT / "gateway" / "haproxy.cfg"
 LOADTEST_DIR = ROOT / "loadtest"
+#: The class labels Locust checks answers against; the ConfigMap carries it as labels.txt.
+LOCUST_LABELS = ROOT / "model_repository" / LABELS_FILE
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 #: What Locust needs at run time (Dockerfile.locust installs requirements.txt into the image).
 LOADTEST_SUFFIXES = (".py", ".conf", ".txt")
@@ -116,15 +120,15 @@ def dashboards(dashboards_dir: Path = DASHBOARDS_DIR) -> list[dict]:
     return objects
 
 
-def loadtest_configmap(loadtest_dir: Path = LOADTEST_DIR) -> dict:
-    files = sorted(
-        p for p in loadtest_dir.iterdir() if p.is_file() and p.suffix in LOADTEST_SUFFIXES
-    )
+def loadtest_configmap(loadtest_dir: Path = LOADTEST_DIR, labels: Path = LOCUST_LABELS) -> dict:
+    """loadtest/'s files and the repository's labels file (as labels.txt), one key per file."""
+    files = [p for p in loadtest_dir.iterdir() if p.is_file() and p.suffix in LOADTEST_SUFFIXES]
+    data = {p.name: p.read_text() for p in files} | {"labels.txt": labels.read_text()}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "locust-loadtest", "labels": dict(PART_OF)},
-        "data": {p.name: p.read_text() for p in files},
+        "data": dict(sorted(data.items())),
     }
 
 
@@ -190,7 +194,8 @@ def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
         generated / "dashboards.yaml": _header(f"{_relative(DASHBOARDS_DIR)}/*.json")
         + _documents(dashboards()),
         kubernetes_dir / "components" / "locust" / "generated" / "loadtest.yaml": _header(
-            f"{_relative(LOADTEST_DIR)}/*{{{','.join(LOADTEST_SUFFIXES)}}}"
+            f"{_relative(LOADTEST_DIR)}/*{{{','.join(LOADTEST_SUFFIXES)}}}",
+            _relative(LOCUST_LABELS),
         )
         + _documents([loadtest_configmap()]),
     }
