@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.conftest import require_tool
+from tritonstack import contract
 from tritonstack.repository import iter_models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -449,6 +450,23 @@ def test_locust_talks_to_the_gateway_and_its_master(gpu: dict) -> None:
         for path in files:  # written by the load-testing issue (#5)
             assert (ROOT / "loadtest" / Path(path).name).is_file(), path
     assert (ROOT / "loadtest" / "requirements.txt").is_file()  # Dockerfile.locust installs it
+
+
+def test_every_locust_service_reads_the_repositorys_labels(gpu: dict) -> None:
+    """A Locust container sees only its mounts: LOCUST_LABELS_FILE must be where the model
+    repository's labels file is mounted, or every answer fails validation."""
+    locusts = {
+        name: service
+        for name, service in gpu["services"].items()
+        if service.get("build", {}).get("dockerfile") == "Dockerfile.locust"
+    }
+    assert set(locusts) == {"locust-master", "locust-worker"}
+    for name, service in locusts.items():
+        target = service["environment"]["LOCUST_LABELS_FILE"]
+        mounts = [str(v).split(":") for v in service["volumes"]]
+        assert [source for source, path, *_ in mounts if path == target] == [
+            str(REPOSITORY / contract.LABELS_FILE)
+        ], name
 
 
 def test_every_mount_source_exists(gpu: dict) -> None:
