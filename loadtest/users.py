@@ -47,9 +47,12 @@ GRPC_PORT = 8001
 ROWS_MIX = ((1, 0.6), (4, 0.25), (16, 0.1), (64, 0.05))
 #: Distinct payloads prepared per rows value, sent in turn (building one costs client CPU).
 PAYLOADS_PER_ROWS = 8
-#: A copy of model_repository/postprocess/labels.txt, so that a Locust container needs only this
-#: folder; tests/test_loadtest.py fails when the two differ.
-DEFAULT_LABELS_FILE = Path(__file__).resolve().parent / "labels.txt"
+#: The labels file the models serve, in this checkout. The Locust containers have no checkout:
+#: compose mounts the file and the Kubernetes ConfigMap carries it, each naming it in
+#: LOCUST_LABELS_FILE.
+DEFAULT_LABELS_FILE = (
+    Path(__file__).resolve().parent.parent / "model_repository" / "postprocess" / "labels.txt"
+)
 TIMEOUT_S = 10.0
 
 

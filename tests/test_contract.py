@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,11 +125,21 @@ def test_both_python_models_run_postprocesss_labels_reader():
     assert files == {(REPOSITORY / contract.LABELS_FILE).resolve()}
 
 
-def test_labels_copy_for_locust_matches_the_repository():
-    """loadtest/labels.txt is a copy because Locust (compose and the Kubernetes ConfigMap built
-    from loadtest/) sees only that folder, not model_repository/."""
-    copy = (ROOT / "loadtest" / "labels.txt").read_bytes()
-    assert copy == (REPOSITORY / contract.LABELS_FILE).read_bytes()
+def test_locust_defaults_to_the_repositorys_labels(tmp_path):
+    """Run from a checkout (`tritonstack loadtest`, `locust -f loadtest/locustfile.py`), Locust
+    checks answers against the labels file the models serve, wherever it is started from.
+    users.py is imported in a child process: Locust monkey-patches the standard library."""
+    code = "import users; print(users.DEFAULT_LABELS_FILE)"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "loadtest")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == (REPOSITORY / contract.LABELS_FILE).resolve()
 
 
 def test_compose_and_images_use_the_contracts_ports():
