@@ -22,7 +22,7 @@ generate: venv ## regenerate committed files: dashboards JSON, Kubernetes copies
 	$(BIN)/tritonstack dashboards
 	$(BIN)/python -m tritonstack.k8s
 
-lint: venv ## ruff, hadolint, shellcheck, yamllint, promtool, haproxy -c, compose config (the CPU overlay uses Compose v2 tags: tests/test_compose.py merges it)
+lint: venv ## ruff, hadolint, shellcheck, yamllint, promtool, haproxy -c, compose config (the CPU overlay uses Compose v2 tags: tests/unit/test_compose.py merges it)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/hadolint Dockerfile.triton Dockerfile.locust
@@ -39,8 +39,8 @@ format: venv ## apply ruff's fixes and formatting
 test: lint ## lint, then every test (starts the real tritonserver on CPU); what CI runs
 	$(BIN)/pytest
 
-test-unit: venv ## the tests that start no server and download nothing (-m "not integration"), on every core, in under a minute
-	$(BIN)/pytest -m "not integration" -n auto
+test-unit: venv ## tests/unit/: no server, no download, on every core, in under a minute
+	$(BIN)/pytest tests/unit -n auto
 
 check: venv ## validate model_repository/ against Triton's schema and the ONNX file
 	$(BIN)/tritonstack check

@@ -31,7 +31,7 @@ from locust import FastHttpUser, User, constant, task
 grpc_gevent.init_gevent()
 
 # The model contract and Triton's gRPC port. The Locust image installs loadtest/requirements.txt,
-# not the tritonstack package, so these are spelled out here; tests/test_contract.py fails when
+# not the tritonstack package, so these are spelled out here; tests/unit/test_contract.py fails when
 # they differ from tritonstack/contract.py.
 INPUT_NAME = "features"
 INPUT_DATATYPE = "FP32"

@@ -38,7 +38,7 @@ MIN_COMPUTE_CAPABILITY=7.5
 # before Docker's SIGKILL.
 EXIT_TIMEOUT=${TRITON_EXIT_TIMEOUT_SECS:-20}
 # Ports, the admin header and the API groups it guards: tritonstack/contract.py's values, written
-# out because the image has no tritonstack package (tests/test_contract.py holds them equal).
+# out because the image has no tritonstack package (tests/unit/test_contract.py holds them equal).
 HTTP_PORT=${TRITON_HTTP_PORT:-8000}
 GRPC_PORT=${TRITON_GRPC_PORT:-8001}
 METRICS_PORT=${TRITON_METRICS_PORT:-8002}

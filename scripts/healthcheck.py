@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 # The model contract and Triton's HTTP port, spelled out because the image has no tritonstack
-# package; tests/test_contract.py fails when they differ from tritonstack/contract.py.
+# package; tests/unit/test_contract.py fails when they differ from tritonstack/contract.py.
 INPUT_NAME = "features"
 INPUT_DATATYPE = "FP32"
 FEATURES = 128

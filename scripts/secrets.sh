@@ -10,7 +10,7 @@
 # regenerated, so restarts keep passwords and keys stable.
 #
 # POSIX sh and busybox tools only: it runs in the busybox image (docker-compose.yml) and here in
-# tests/test_compose.py.
+# tests/unit/test_compose.py.
 set -eu
 
 usage() {

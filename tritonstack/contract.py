@@ -3,7 +3,7 @@
 Python code imports these. What cannot import tritonstack (scripts/entrypoint.sh and
 scripts/healthcheck.py inside the Triton image, loadtest/ inside the Locust image, the compose
 file, the gateway's haproxy.cfg defaults) spells them out and is held to this module by
-tests/test_contract.py, so a change here that is not made there fails a test.
+tests/unit/test_contract.py, so a change here that is not made there fails a test.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ ignored JSON key.
 
 Every panel's queries are defined once, in `DASHBOARDS`, as plain data (`PanelSpec`, `Query`):
 the builder turns them into JSON, and the tests enumerate the same objects, so the drift test
-(tests/test_dashboards.py) and the live test (tests/test_observability_live.py, which runs every
-query against a real Prometheus scraping a real Triton) cannot miss a panel. Panels query the
-recording rules of prometheus/rules/triton.yml where one exists, so Grafana and the alerts agree.
+(tests/unit/test_dashboards.py) and the live test (tests/functional/test_observability_live.py,
+which runs every query against a real Prometheus scraping a real Triton) cannot miss a panel.
+Panels query the recording rules of prometheus/rules/triton.yml where one exists, so Grafana and
+the alerts agree.
 
 The JSON is written with sorted keys and fixed uids, so a regeneration that changes nothing
 changes no byte, and a diff shows exactly what moved.

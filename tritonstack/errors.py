@@ -7,7 +7,7 @@ class UserError(Exception):
 
 
 #: Top-level modules an optional feature imports -> the extra of pyproject.toml that installs
-#: them (tests/test_cli.py checks the two agree).
+#: them (tests/unit/test_cli.py checks the two agree).
 EXTRAS: dict[str, str] = {"sklearn": "export", "skl2onnx": "export"}
 
 

@@ -5,7 +5,7 @@ The task is synthetic so that the repository needs no data set: a 128-dim FP32 e
 hidden layer earns its keep. Samples close to the decision boundary are dropped, which makes the
 task learnable to well above 95% by a 128-64-2 MLP in about a second on one core.
 
-Everything is seeded, so two exports give identical predictions (tests/test_export.py).
+Everything is seeded, so two exports give identical predictions (tests/unit/test_export.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,144 @@
+"""What compose runs, run here: the container healthcheck against the real Triton of the
+embedded runtime (serving, broken, a killed stub), and HAProxy 2.6 on the gateway config with
+the environment compose gives it (limits from model_repository/, keys when published)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPOSITORY, ROOT, require_tool
+from tests.unit.test_compose import (
+    COMPOSE,
+    _seconds,
+    assert_listens,
+    compose_config,
+    healthcheck,
+)
+
+
+def test_healthcheck_passes_on_a_serving_triton(triton) -> None:
+    labels = str(REPOSITORY / "postprocess" / "labels.txt")
+    result = healthcheck(
+        "--url", triton.http_url, "--labels", labels, "--model", "pipeline", "--model", "classify"
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(
+        r"healthy: pipeline -> (not )?relevant\nhealthy: classify -> (not )?relevant\n",
+        result.stdout,
+    )
+
+
+def test_healthcheck_fails_on_a_broken_model_or_server(triton) -> None:
+    missing = healthcheck("--url", triton.http_url, "--model", "pipeline", "--model", "nope")
+    assert missing.returncode == 1
+    assert "healthy: pipeline" in missing.stdout
+    assert "unhealthy: nope: HTTP 404" in missing.stderr
+    labels = Path(sys.prefix).parent / "no-such-labels"  # any label is fine without a file
+    wrong = ROOT / "tests" / "fakes" / "fake_trtexec"  # a file whose lines are not labels
+    assert healthcheck("--url", triton.http_url, "--labels", str(labels)).returncode == 0
+    mislabelled = healthcheck("--url", triton.http_url, "--labels", str(wrong))
+    assert mislabelled.returncode == 1 and "is not one of" in mislabelled.stderr
+    from tritonstack.runtime import free_ports
+
+    (closed,) = free_ports(1)
+    down = healthcheck("--url", f"127.0.0.1:{closed}", "--timeout", "2")
+    assert down.returncode == 1 and "unhealthy: pipeline: no answer from" in down.stderr
+
+
+def test_healthcheck_fails_when_a_stub_is_killed_while_2_51_stays_ready(tmp_path: Path) -> None:
+    """On the real Triton 2.51: kill -9 of postprocess's stubs, and the probe says unhealthy with
+    Triton's own message while /v2/health/ready still answers 200 (what 2.51 does)."""
+    import urllib.request
+
+    import psutil
+
+    from tritonstack.runtime import EmbeddedTriton, free_ports
+
+    http, grpc, metrics = free_ports(3)
+    server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=tmp_path / "triton.log")
+    with server:
+        assert healthcheck("--url", server.http_url).returncode == 0
+        stubs = [
+            child
+            for child in psutil.Process(server.process.pid).children(recursive=True)
+            if child.name() == "triton_python_backend_stub"
+            and "/postprocess/" in " ".join(child.cmdline())
+        ]
+        assert stubs
+        for stub in stubs:
+            stub.kill()
+        psutil.wait_procs(stubs, timeout=10)
+        result = healthcheck("--url", server.http_url, "--timeout", "10")
+        ready = urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5)
+    assert result.returncode == 1, result.stdout
+    assert "unhealthy: pipeline: HTTP " in result.stderr
+    assert "is not healthy" in result.stderr
+    assert ready.status == 200  # pins the Triton 2.51 behaviour the deep probe exists for
+
+
+# --- the gateway -------------------------------------------------------------------------------
+
+
+def haproxy_check(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`haproxy -c` (Debian's 2.6, the native runtime) on the one config, with `env` only."""
+    binary = require_tool("haproxy")
+    base = {"PATH": os.environ.get("PATH", "")}
+    command = [binary, "-c", "-f", str(ROOT / "gateway" / "haproxy.cfg")]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**base, **env})
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory) -> dict:
+    """docker-compose.yml as docker-compose v1 resolves it from a fresh clone (no .env)."""
+    env_file = tmp_path_factory.mktemp("compose") / "empty.env"
+    env_file.write_text("")
+    return compose_config(env_file, COMPOSE)
+
+
+def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) -> None:
+    from tritonstack.gateway import limits
+
+    gateway = gpu["services"]["gateway"]
+    assert re.fullmatch(r"haproxy:3\.\d+\.\d+-alpine", gateway["image"]), gateway["image"]
+    assert "./gateway:/usr/local/etc/haproxy:ro" in COMPOSE.read_text()
+    assert gateway["volumes"][0].split(":")[0] == str(ROOT / "gateway")
+    env = gateway["environment"]
+    expected = limits(REPOSITORY)
+    assert env["GATEWAY_MODELS"].split("|") == list(expected.models)
+    assert int(env["GATEWAY_MAX_ROWS"]) == expected.max_rows
+    assert int(env["GATEWAY_FEATURES"]) == expected.features
+    assert int(env["GATEWAY_MAX_BODY"]) == expected.max_body
+    assert int(env["GATEWAY_BUFSIZE"]) == expected.bufsize
+    # Replicas by DNS, on the ports Triton exposes on the compose network.
+    assert env["TRITON_DNS_NAME"] == "triton"
+    triton = gpu["services"]["triton"]
+    assert_listens(gpu, "triton", int(env["TRITON_HTTP_PORT"]), "gateway")
+    assert_listens(gpu, "triton", int(env["TRITON_GRPC_PORT"]), "gateway")
+    assert "ports" not in triton
+    # Soft stop drains in-flight requests; Triton stops after the gateway (it depends on Triton).
+    assert gateway["stop_signal"] == "SIGUSR1"
+    assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert _seconds(gateway["stop_grace_period"]) > 30  # hard-stop-after in the config
+    # HAProxy 2.6 parses the config with exactly the environment compose gives the container.
+    checked = haproxy_check({k: str(v) for k, v in env.items()})
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_gateway_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
+    env = {"GATEWAY_PUBLISH_ADDRESS": "0.0.0.0"}
+    refused = haproxy_check(env)
+    assert refused.returncode != 0
+    assert "refusing to publish the gateway on 0.0.0.0 without API keys" in refused.stderr
+    keys = tmp_path / "api-keys"
+    keys.write_text("k" * 32 + " client\n")
+    assert haproxy_check({**env, "GATEWAY_API_KEYS": str(keys)}).returncode == 0
+    assert haproxy_check({"GATEWAY_PUBLISH_ADDRESS": "127.0.0.1"}).returncode == 0
+    # compose's generated key stands in for a keys file beyond loopback
+    generated = {**env, "GATEWAY_GENERATED_API_KEYS": str(keys)}
+    assert haproxy_check(generated).returncode == 0

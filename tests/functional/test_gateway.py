@@ -1,0 +1,473 @@
+"""The gateway (real HAProxy, gateway/haproxy.cfg) in front of the real Triton: routes, shape
+checks, gRPC passthrough, API keys and their rotation, TLS, least-connections balancing, metrics.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import ssl
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.support import ROOT, embeddings, require_tool
+from tritonstack.cli import main as cli_main
+from tritonstack.client import infer
+from tritonstack.contract import MODEL_OUTPUTS
+from tritonstack.gateway import Gateway, limits
+from tritonstack.metrics import scrape
+from tritonstack.runtime import free_ports
+
+LIMITS = limits()
+
+
+def call(url: str, method: str, path: str, body: bytes | str = b"", headers=None, context=None):
+    """(status, headers, text) of one request on a fresh connection."""
+    host, port = url.split(":")
+    if context is None:
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    else:
+        connection = http.client.HTTPSConnection(host, int(port), timeout=10, context=context)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read().decode()
+    finally:
+        connection.close()
+
+
+def infer_body(shape, data=None) -> str:
+    values = [0.5] * int(np.prod([max(d, 0) for d in shape[:2]])) if data is None else data
+    return json.dumps({"inputs": [{"name": "features", "shape": shape, "datatype": "FP32",
+                                   "data": values[:128 * 64]}]})  # fmt: skip
+
+
+def assert_triton_up(triton) -> None:
+    """Triton itself (not the gateway) is ready and serves a real inference."""
+    assert infer(triton.http_url, "pipeline", embeddings(2))["label"].shape == (2, 1)
+
+
+PUBLIC_ROUTES = [
+    ("GET", "/v2/health/live"),
+    ("GET", "/v2/health/ready"),
+    ("GET", "/v2"),
+    *[("GET", f"/v2/models/{m}{s}") for m in MODEL_OUTPUTS for s in ("", "/ready", "/config")],
+    ("GET", "/v2/models/classifier/versions/1/ready"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), PUBLIC_ROUTES)
+def test_public_routes_reach_triton(gateway, method, path):
+    status, _, text = call(gateway.http_url, method, path)
+    assert status == 200, text
+
+
+ADMIN_ROUTES = [
+    ("POST", "/v2/repository/index", "{}"),
+    ("POST", "/v2/repository/models/classifier/unload", "{}"),
+    ("GET", "/v2/models/stats", ""),
+    ("GET", "/v2/models/classifier/stats", ""),
+    ("GET", "/v2/systemsharedmemory/status", ""),
+    ("POST", "/v2/systemsharedmemory/region/x/register", "{}"),
+    ("GET", "/v2/cudasharedmemory/status", ""),
+    ("GET", "/v2/trace/setting", ""),
+    ("POST", "/v2/models/classifier/trace/setting", "{}"),
+    ("GET", "/v2/logging", ""),
+    ("GET", "/metrics", ""),
+    ("POST", "/v2/models/postprocess/infer", infer_body([1, 2])),  # internal step, not public
+    ("POST", "/v2/models/classifier_trt/infer", infer_body([1, 128])),
+    ("GET", "/v2/models/../repository/index", ""),
+    ("GET", "/v2/models/classifier/../../repository/index", ""),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ADMIN_ROUTES)
+def test_admin_and_private_routes_are_not_routed_even_with_the_admin_key(
+    gateway, triton, method, path, body
+):
+    status, _, text = call(gateway.http_url, method, path, body, triton.admin_headers)
+    assert status == 404, text
+    assert "not routed by the gateway" in json.loads(text)["error"]
+
+
+def test_admin_key_works_on_triton_directly_so_the_404_is_the_gateways(triton):
+    status, _, text = call(triton.http_url, "POST", "/v2/repository/index", "{}",
+                           triton.admin_headers)  # fmt: skip
+    assert status == 200 and "classifier" in text
+
+
+def test_wrong_method_is_405_naming_the_allowed_one(gateway):
+    status, headers, _ = call(gateway.http_url, "GET", "/v2/models/pipeline/infer")
+    assert status == 405 and headers["allow"] == "POST"
+    status, headers, _ = call(gateway.http_url, "DELETE", "/v2/models/pipeline")
+    assert status == 405 and headers["allow"] == "GET"
+
+
+SHAPES = [
+    ([100000000, 128], "rows) must be 1 to 64"),  # what aborts Triton 2.51 (bad_alloc)
+    ([65, 128], "rows) must be 1 to 64"),
+    ([0, 128], "rows) must be 1 to 64"),
+    ([-1, 128], "rows) must be 1 to 64"),
+    ([1, 100000000], "must be 128"),
+    ([1, 127], "must be 128"),
+    ([1, -128], "must be 128"),
+    ([1, 128, 100000000], "two dimensions"),
+    ([1], "could not read inputs[0].shape"),
+    ([], "could not read inputs[0].shape"),
+    ([1.5, 128], "could not read inputs[0].shape"),
+    (["1e8", 128], "could not read inputs[0].shape"),
+]
+
+
+@pytest.mark.parametrize(("shape", "message"), SHAPES, ids=[str(s) for s, _ in SHAPES])
+def test_shape_is_checked_by_the_gateway_and_triton_stays_up(gateway, triton, shape, message):
+    status, _, text = call(gateway.http_url, "POST", "/v2/models/pipeline/infer",
+                           infer_body(shape, data=[0.5]))  # fmt: skip
+    assert status == 400, text
+    assert message in json.loads(text)["error"]
+    assert_triton_up(triton)
+
+
+def test_body_that_is_not_a_request_is_400_not_triton_500(gateway):
+    """Triton 2.51 answers 500 to unparseable JSON (upstream server#8762); the gateway's shape
+    check answers 400 first, naming what it needs."""
+    for body in ("features=1,2,3", json.dumps({"inputs": 5}), "{", json.dumps({"inputs": []})):
+        status, _, text = call(gateway.http_url, "POST", "/v2/models/pipeline/infer", body)
+        assert status == 400, (body, text)
+        assert "inputs[0].shape" in json.loads(text)["error"]
+
+
+def test_second_input_is_refused(gateway):
+    tensor = {"name": "features", "shape": [1, 128], "datatype": "FP32", "data": [0.5] * 128}
+    hidden = dict(tensor, name="extra", shape=[100000000, 128], data=[0.5])
+    body = json.dumps({"inputs": [tensor, hidden]})
+    status, _, text = call(gateway.http_url, "POST", "/v2/models/pipeline/infer", body)
+    assert status == 400 and "one input only" in text
+
+
+GOOD_INPUT = '{"name": "features", "shape": [1, 128], "datatype": "FP32", "data": [0.5]}'
+SMUGGLED = [
+    # A second input with escaped keys: json_query does not decode them, Triton does and aborts.
+    '{"n\\u0061me": "x", "\\u0073hape": [100000000, 128], "datatype": "FP32", "data": [1]}',
+    '{"\\u0073hape": [100000000, 128], "datatype": "FP32", "data": [1]}',
+    # A second input without a name.
+    '{"shape": [100000000, 128], "datatype": "FP32", "data": [1]}',
+]
+
+
+@pytest.mark.parametrize("second", SMUGGLED, ids=["escaped keys", "escaped shape", "no name"])
+def test_a_smuggled_second_input_is_refused_and_triton_stays_up(gateway, triton, second):
+    body = f'{{"inputs": [{GOOD_INPUT}, {second}]}}'
+    assert json.loads(body)["inputs"][1]["shape"] == [100000000, 128]  # what Triton would read
+    status, _, text = call(gateway.http_url, "POST", "/v2/models/classifier/infer", body)
+    assert status == 400, text
+    assert_triton_up(triton)
+
+
+def test_an_escaped_shape_key_in_the_first_input_is_refused(gateway, triton):
+    body = '{"inputs": [{"name": "features", "\\u0073hape": [100000000, 128], "data": [1]}]}'
+    status, _, text = call(gateway.http_url, "POST", "/v2/models/classifier/infer", body)
+    assert status == 400 and "plain ASCII" in text
+    assert_triton_up(triton)
+
+
+def test_body_size_is_capped_from_max_batch_size(gateway):
+    assert LIMITS.max_rows == 64 and LIMITS.features == 128
+    host, port = gateway.http_url.split(":")
+    # Refused on the headers alone: the gateway answers before the body is sent or buffered.
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.putrequest("POST", "/v2/models/pipeline/infer")
+    connection.putheader("Content-Length", str(LIMITS.max_body + 1))
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413 and "split the batch" in response.read().decode()
+    connection.close()
+    # A chunked body has no length to check before it arrives: refused with 411.
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.putrequest("POST", "/v2/models/pipeline/infer")
+    connection.putheader("Transfer-Encoding", "chunked")
+    connection.endheaders()
+    assert connection.getresponse().status == 411
+    connection.close()
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary tensors", "JSON"])
+def test_largest_legal_batch_passes_in_both_encodings(gateway, binary):
+    """64 rows of full-precision JSON numbers: the largest legitimate body fits the cap."""
+    features = np.random.default_rng(1).standard_normal((64, 128)).astype(np.float32) * 1e-5
+    client = httpclient.InferenceServerClient(gateway.http_url)
+    tensor = httpclient.InferInput("features", [64, 128], "FP32")
+    tensor.set_data_from_numpy(features, binary_data=binary)
+    result = client.infer("classify", [tensor])
+    client.close()
+    assert result.as_numpy("label").shape == (64, 1)
+
+
+def test_tritonclient_sees_the_gateway_refusal_as_a_clear_error(gateway):
+    client = httpclient.InferenceServerClient(gateway.http_url)
+    tensor = httpclient.InferInput("features", [65, 128], "FP32")
+    tensor.set_data_from_numpy(np.zeros((65, 128), np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("pipeline", [tensor])
+    client.close()
+    assert caught.value.status() == "400"
+    assert "rows) must be 1 to 64; split larger batches" in caught.value.message()
+
+
+def test_grpc_shapes_are_triton_s_to_check_and_it_does_so_before_allocating(gateway, triton):
+    """gRPC bodies are protobuf, which the gateway does not read; Triton 2.51's gRPC frontend
+    compares the shape with max_batch_size and the model before it allocates (unlike JSON)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for shape in ([100000000, 128], [1, 128, 100000000]):
+            tensor = service_pb2.ModelInferRequest().InferInputTensor(
+                name="features", datatype="FP32", shape=shape
+            )
+            message = service_pb2.ModelInferRequest(
+                model_name="classifier", inputs=[tensor], raw_input_contents=[bytes(512)]
+            )
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ModelInfer(message, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_triton_up(triton)
+
+
+def test_grpc_passes_through_and_admin_methods_do_not(gateway, triton):
+    client = grpcclient.InferenceServerClient(gateway.grpc_url)
+    try:
+        assert client.is_server_ready() and client.is_model_ready("classify")
+        assert client.get_model_metadata("pipeline").name == "pipeline"
+        tensor = grpcclient.InferInput("features", [4, 128], "FP32")
+        tensor.set_data_from_numpy(embeddings(4))
+        assert client.infer("classify", [tensor]).as_numpy("label").shape == (4, 1)
+        for admin in (
+            lambda: client.get_model_repository_index(headers=triton.grpc_admin_headers),
+            lambda: client.get_inference_statistics(headers=triton.grpc_admin_headers),
+            lambda: client.get_system_shared_memory_status(),
+            lambda: client.get_log_settings(headers=triton.grpc_admin_headers),
+        ):
+            with pytest.raises(InferenceServerException) as caught:
+                admin()
+            assert "404" in caught.value.message()
+    finally:
+        client.close()
+
+
+def test_prometheus_endpoint_counts_requests_by_status(gateway):
+    call(gateway.http_url, "GET", "/v2/health/ready")
+    call(gateway.http_url, "GET", "/v2/repository/index")
+    samples = scrape(gateway.metrics_url)  # counters as exposed minus `_total` (its parser)
+    names = {name for name, _ in samples}
+    assert "haproxy_frontend_http_responses" in names
+    assert "haproxy_backend_current_queue" in names
+    assert "haproxy_server_status" in names
+    four_xx = [v for (n, labels), v in samples.items()
+               if n == "haproxy_frontend_http_responses"
+               and ("proxy", "http") in labels and ("code", "4xx") in labels]  # fmt: skip
+    assert four_xx and four_xx[0] >= 1
+
+
+def gateway_ports() -> dict[str, int]:
+    return dict(zip(("http_port", "grpc_port", "metrics_port"), free_ports(3), strict=True))
+
+
+def stot(gateway: Gateway, backend: str) -> dict[str, int]:
+    """Requests each server of a backend has been given (`show stat`, column stot)."""
+    lines = gateway.runtime("show stat").splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+    return {
+        r["svname"]: int(r["stot"])
+        for r in rows
+        if r["pxname"] == backend and r["svname"] not in ("FRONTEND", "BACKEND")
+    }
+
+
+def test_keep_alive_client_is_balanced_per_request(triton, tmp_path):
+    """One keep-alive client, many requests: least-connections spreads them over both
+    replicas instead of pinning the connection to one. The second replica is added through the
+    runtime API, as natively started replicas are (here it is the same Triton on the same port:
+    which process answers does not matter, where HAProxy sends each request does)."""
+    require_tool("haproxy")
+    with Gateway.for_triton(triton, **gateway_ports()) as gateway:
+        gateway.add_replica(triton.http_port, triton.grpc_port)
+        client = httpclient.InferenceServerClient(gateway.http_url, concurrency=1)
+        tensor = httpclient.InferInput("features", [1, 128], "FP32")
+        tensor.set_data_from_numpy(embeddings(1))
+        before = stot(gateway, "triton_http")
+        for _ in range(40):
+            client.infer("classifier", [tensor])
+        client.close()
+        after = stot(gateway, "triton_http")
+        served = {name: after[name] - before.get(name, 0) for name in after}
+        assert set(served) == {"triton1", "triton2"}
+        assert sum(served.values()) == 40
+        assert min(served.values()) >= 10, served
+        grpc = grpcclient.InferenceServerClient(gateway.grpc_url)
+        gtensor = grpcclient.InferInput("features", [1, 128], "FP32")
+        gtensor.set_data_from_numpy(embeddings(1))
+        before = stot(gateway, "triton_grpc")
+        for _ in range(20):
+            grpc.infer("classifier", [gtensor])
+        grpc.close()
+        after = stot(gateway, "triton_grpc")
+        assert min(after[n] - before.get(n, 0) for n in ("triton1", "triton2")) >= 5, after
+
+
+def write_keys(path, keys: dict[str, str]) -> None:
+    path.write_text("# key client\n" + "".join(f"{k} {v}\n" for k, v in keys.items()))
+
+
+def test_api_keys_guard_inference_and_rotate_without_restart(triton, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITONSTACK_API_KEY", raising=False)
+    require_tool("haproxy")
+    alice, bob, carol = "alice-" + "a" * 20, "bob-" + "b" * 20, "carol-" + "c" * 20
+    keys = tmp_path / "api-keys"
+    write_keys(keys, {alice: "alice", bob: "bob"})
+    with Gateway.for_triton(triton, api_keys=keys, **gateway_ports()) as gateway:
+        path, body = "/v2/models/pipeline/infer", infer_body([1, 128])
+
+        def status(key: str | None, route: str = path, method: str = "POST") -> int:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            return call(gateway.http_url, method, route, body if method == "POST" else "",
+                        headers)[0]  # fmt: skip
+
+        assert status(None) == 401
+        assert status("bob-" + "x" * 20) == 401
+        assert status(alice) == 200 and status(bob) == 200
+        assert status(None, "/v2/models/pipeline", "GET") == 401
+        assert status(None, "/v2/health/ready", "GET") == 200  # probes need no key
+        # tritonclient passes the key as a header; gRPC as metadata.
+        client = grpcclient.InferenceServerClient(gateway.grpc_url)
+        tensor = grpcclient.InferInput("features", [1, 128], "FP32")
+        tensor.set_data_from_numpy(embeddings(1))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("classify", [tensor])
+        assert "401" in caught.value.message()
+        result = client.infer("classify", [tensor], headers={"authorization": f"Bearer {bob}"})
+        assert result.as_numpy("label").shape == (1, 1)
+        client.close()
+
+        # The CLI, as a user calls it: the key from --api-key; without it, one readable line.
+        url = ["infer", "--url", gateway.http_url, "--rows", "2"]
+        assert cli_main([*url, "--api-key", alice]) == 0
+        assert "relevant" in capsys.readouterr().out
+        assert cli_main(url) == 1
+        (line,) = capsys.readouterr().err.splitlines()
+        assert "missing or unknown API key" in line
+
+        pid = gateway.process.pid
+        write_keys(keys, {bob: "bob", carol: "carol"})  # alice's key retired, carol's issued
+        assert gateway.reload_keys() == 2
+        assert status(alice) == 401
+        assert status(bob) == 200 and status(carol) == 200
+        assert gateway.process.pid == pid and gateway.process.poll() is None
+
+
+def test_public_address_without_keys_is_refused_before_starting(triton):
+    from tritonstack.errors import UserError
+
+    with pytest.raises(UserError, match="without API keys"):
+        Gateway.for_triton(triton, address="0.0.0.0").start()
+
+
+def test_tls_terminates_with_the_users_certificate(triton, tmp_path):
+    require_tool("haproxy")
+    openssl = require_tool("openssl")
+    key, cert, pem = tmp_path / "key.pem", tmp_path / "cert.pem", tmp_path / "gateway.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    pem.write_text(cert.read_text() + key.read_text())
+    with Gateway.for_triton(triton, tls_cert=pem, **gateway_ports()) as gateway:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        status, _, text = call(gateway.http_url, "POST", "/v2/models/pipeline/infer",
+                               infer_body([1, 128]), context=trusting)  # fmt: skip
+        assert status == 200 and "relevant" in text
+        with pytest.raises(ssl.SSLCertVerificationError):
+            call(gateway.http_url, "GET", "/v2/health/ready", context=ssl.create_default_context())
+        with pytest.raises((ConnectionError, http.client.HTTPException)):
+            call(gateway.http_url, "GET", "/v2/health/ready")  # plain HTTP on the TLS port
+        client = grpcclient.InferenceServerClient(
+            gateway.grpc_url, ssl=True, root_certificates=str(cert)
+        )
+        tensor = grpcclient.InferInput("features", [2, 128], "FP32")
+        tensor.set_data_from_numpy(embeddings(2))
+        assert client.infer("classify", [tensor]).as_numpy("label").shape == (2, 1)
+        client.close()
+
+
+def test_the_example_keys_file_is_what_the_gateway_reads():
+    from tritonstack.gateway import CONFIG, parse_keys
+
+    assert parse_keys(CONFIG.parent / "api-keys.example") == {
+        "replace-me-with-a-random-key-0001": "example-client"
+    }
+
+
+def test_compose_generated_key_guards_a_gateway_published_beyond_loopback(triton, tmp_path):
+    """`docker compose up` with GATEWAY_BIND beyond loopback and no keys file: the key that
+    compose's `secrets` service generated (scripts/secrets.sh, run for real) is required; on
+    loopback the same file is ignored and inference needs no key."""
+    require_tool("haproxy")
+    key_file = tmp_path / "secrets" / "gateway-api-key"
+    spec = f"{key_file}:{os.getuid()}:GATEWAY_API_KEY"
+    environment = {"PATH": "/usr/bin:/bin", "TRITONSTACK_SECRETS": spec}
+    script = ROOT / "scripts" / "secrets.sh"
+    generated = subprocess.run(
+        ["/bin/sh", str(script), "generate"], env=environment, capture_output=True, text=True
+    )
+    assert generated.returncode == 0, generated.stderr
+    key = key_file.read_text().strip()
+    path, body = "/v2/models/pipeline/infer", infer_body([1, 128])
+    for published, needs_key in (("192.0.2.10", True), ("127.0.0.1", False)):
+
+        class ComposeGateway(Gateway):
+            def environment(self) -> dict[str, str]:  # what compose's `gateway` service sets
+                env = super().environment()
+                env["GATEWAY_PUBLISH_ADDRESS"] = published  # noqa: B023
+                env["GATEWAY_GENERATED_API_KEYS"] = str(key_file)
+                return env
+
+        with ComposeGateway.for_triton(triton, **gateway_ports()) as gateway:
+            anonymous = call(gateway.http_url, "POST", path, body)[0]
+            keyed = call(gateway.http_url, "POST", path, body, {"Authorization": f"Bearer {key}"})
+            assert keyed[0] == 200, (published, keyed)
+            assert anonymous == (401 if needs_key else 200), published
+
+
+def test_soft_stop_answers_a_request_on_an_idle_keep_alive_connection(triton):
+    """A stop must not close a keep-alive connection under a client that is sending on it:
+    after SIGUSR1 the idle connection's next request is answered, with `Connection: close`
+    (option idle-close-on-response); without it HAProxy closes idle connections at once and the
+    request is lost."""
+    require_tool("haproxy")
+    with Gateway.for_triton(triton, **gateway_ports()) as gateway:
+        host, port = gateway.http_url.split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.request("GET", "/v2/health/ready")
+        first = connection.getresponse()
+        first.read()
+        assert first.status == 200
+        gateway.process.send_signal(signal.SIGUSR1)  # what `stop()` and compose send
+        time.sleep(0.5)  # the soft stop has run: listeners closed, idle connections handled
+        connection.request("POST", "/v2/models/classifier/infer", body=infer_body([1, 128]))
+        last = connection.getresponse()
+        last.read()
+        connection.close()
+        assert last.status == 200
+        assert last.getheader("connection", "").lower() == "close"

@@ -1,0 +1,32 @@
+"""What tests of both kinds share: the checkout's paths, external tools, and test inputs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tritonstack import contract
+
+ROOT = Path(__file__).resolve().parent.parent
+REPOSITORY = ROOT / "model_repository"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool; skips on a laptop without it, fails in CI (CI=true)."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (.ci/run installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def embeddings(rows: int, seed: int = 0) -> np.ndarray:
+    """`rows` random embeddings of the model contract's width, the same for the same seed."""
+    return np.random.default_rng(seed).standard_normal((rows, contract.FEATURES)).astype(np.float32)

@@ -1,0 +1,465 @@
+"""python -m bench, the pure parts: statistics, saturation, targets, variants, plan, report.
+tests/functional/test_bench.py runs `python -m bench --quick` end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import explain, report
+from bench.loadgen import binary_body, features, json_body
+from bench.profile import StubProfile, parse_raw
+from bench.runner import Progress, main
+from bench.scenarios import (
+    FAMILIES,
+    FULL,
+    QUICK,
+    SERVERS,
+    estimate_seconds,
+    family_points,
+    plan,
+)
+from bench.stats import (
+    Rep,
+    Spread,
+    average_batch,
+    correct_coordinated_omission,
+    queue_stall_note,
+    ratio_target,
+    saturation_notes,
+    spread,
+    summarize,
+)
+from bench.variants import VARIANTS, write_variant
+from tests.support import REPOSITORY
+from tritonstack.errors import UserError
+from tritonstack.repository import iter_models
+
+
+def rep(requests=1000, seconds=1.0, mean=2.0, p99=5.0, server=1.5, generator=0.1, errors=0):
+    return Rep(requests, errors, seconds, mean, 1.0, 3.0, p99, server, generator)
+
+
+# -- statistics ------------------------------------------------------------------------------
+
+
+def test_summary_is_median_with_min_max_spread():
+    summary = summarize([rep(1000, p99=5), rep(3000, p99=9), rep(2000, p99=7)])
+    assert summary.rps == Spread(2000, 1000, 3000)
+    assert summary.p99_ms == Spread(7, 5, 9)
+    assert summary.reps == 3
+    assert summarize([rep(1000)], rows_per_request=4).inferences_per_s == 4000
+    assert spread([2.0]).text() == "2"
+    assert spread([1.0, 3.0, 2.0]).text() == "2 (1-3)"
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_average_batch_from_counter_deltas():
+    before = {"inferences": 100, "executions": 50}
+    assert average_batch(before, {"inferences": 1100, "executions": 300}) == 4.0
+    assert average_batch(before, before) is None
+
+
+def test_saturation_notes():
+    # 16 clients, 8000 req/s x 2 ms mean = 16 in flight; generator 0.1 of 2 cores: clean.
+    assert saturation_notes(summarize([rep(8000, mean=2.0)]), cores=2, concurrency=16) == []
+    busy = saturation_notes(summarize([rep(8000, mean=2.0, generator=1.2)]), 2, 16)
+    assert len(busy) == 1 and "60% of the machine" in busy[0]
+    lagging = saturation_notes(summarize([rep(1000, mean=2.0)]), 2, 16)  # 2 of 16 in flight
+    assert len(lagging) == 1 and "could not keep the target concurrency" in lagging[0]
+    failed = saturation_notes(summarize([rep(8000, mean=2.0, errors=3)]), 2, 16)
+    assert failed == ["3 failed requests"]
+
+
+def test_coordinated_omission_correction_matches_wrk():
+    # wrk's stats_correct: for L >= 2e add L-e, L-2e, ... while above e
+    corrected = correct_coordinated_omission(np.array([1000.0, 500000.0, 3000.0]), 100000)
+    assert sorted(corrected) == [1000, 3000, 200000, 300000, 400000, 500000]
+    assert sorted(correct_coordinated_omission(np.array([5.0, 10.0]), 2)) == [3, 4, 5, 6, 8, 10]
+    fast = np.array([1.0, 2.0, 3.0])
+    assert correct_coordinated_omission(fast, 2).tolist() == fast.tolist()
+
+
+def test_queue_stall_note():
+    quiet = {"classifier": {"requests": 100, "queue_us": 20000, "compute_us": 30000}}
+    assert queue_stall_note(quiet, server_cores=0.1, cores=2) == ""
+    stalled = {"classifier": {"requests": 100, "queue_us": 4_000_000, "compute_us": 30000}}
+    note = queue_stall_note(stalled, server_cores=0.1, cores=2)
+    assert "waited 40.0 ms on average in `classifier`'s queue" in note
+    # the same wait with the CPU busy is queueing, not a stall
+    assert queue_stall_note(stalled, server_cores=1.5, cores=2) == ""
+    assert queue_stall_note({}, server_cores=0.1, cores=2) == ""
+    # the model whose requests waited longest is named
+    both = {**quiet, "classify": {"requests": 10, "queue_us": 1_000_000, "compute_us": 20000}}
+    assert "100.0 ms on average in `classify`'s queue" in queue_stall_note(both, 0.1, 2)
+
+
+def test_ratio_targets():
+    assert ratio_target("t", 300, 100, 3.0).passed is True
+    missed = ratio_target("t", 250, 100, 3.0)
+    assert missed.passed is False and "2.50x" in missed.detail
+    assert ratio_target("t", None, 100, 3.0).passed is None
+
+
+# -- request bodies --------------------------------------------------------------------------
+
+
+def test_request_bodies_carry_one_row_of_128_floats():
+    data = features()
+    body = json.loads(json_body(data))
+    assert body["inputs"][0]["shape"] == [1, 128] and len(body["inputs"][0]["data"]) == 128
+    assert "outputs" not in body
+    classification = json.loads(json_body(data, classification=True))
+    assert classification["outputs"] == [{"name": "class", "parameters": {"classification": 1}}]
+    binary, header_length = binary_body(data)
+    header = json.loads(binary[:header_length])
+    assert header["inputs"][0]["parameters"]["binary_data_size"] == 512
+    assert len(binary) == header_length + 512
+
+
+# -- repository variants ---------------------------------------------------------------------
+
+
+def configs(repository: Path) -> dict:
+    return {m.name: m.config for m in iter_models(repository)}
+
+
+def test_variants_change_one_thing(tmp_path):
+    committed = configs(REPOSITORY)
+    written = {v: configs(write_variant(REPOSITORY, tmp_path / v, v)) for v in VARIANTS}
+
+    assert written["default"] == committed
+    assert not any(c.HasField("dynamic_batching") for c in written["batching-off"].values())
+    for us in (0, 500, 2000):
+        variant = written[f"delay-{us}"]
+        for name, config in variant.items():
+            if committed[name].HasField("dynamic_batching"):
+                assert config.dynamic_batching.max_queue_delay_microseconds == us
+                # the rest of the batcher (queue policy) is kept
+                config.dynamic_batching.max_queue_delay_microseconds = committed[
+                    name
+                ].dynamic_batching.max_queue_delay_microseconds
+            assert config == committed[name]
+    for variant, models in (
+        ("python-x1", ("postprocess", "classify")),
+        ("classifier-x1", ("classifier",)),
+        ("all-x1", ("classifier", "postprocess", "classify")),
+    ):
+        for name, config in written[variant].items():
+            if name in models:
+                assert [g.count for g in config.instance_group] == [1]
+            else:
+                assert config == committed[name]
+
+
+def test_classification_variant_labels_the_classifier_output(tmp_path):
+    committed = configs(REPOSITORY)
+    repository = write_variant(REPOSITORY, tmp_path / "c", "classification")
+    written = configs(repository)
+    assert written["classifier"].output[0].label_filename == "labels.txt"
+    labels = (repository / "classifier" / "labels.txt").read_text()
+    assert labels == (REPOSITORY / "postprocess" / "labels.txt").read_text()
+    written["classifier"].output[0].ClearField("label_filename")
+    assert written == committed
+
+
+def test_unknown_variant_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="unknown repository variant"):
+        write_variant(REPOSITORY, tmp_path / "x", "nope")
+
+
+# -- plan ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings", [QUICK, FULL], ids=["quick", "full"])
+def test_plan_covers_every_family_once_per_point(settings):
+    the_plan = plan(FAMILIES, settings)
+    servers = [server for server, _ in the_plan]
+    assert servers == [s for s in SERVERS if s in servers]
+    if not settings.quick:  # the quick run may leave a server out, never the full one
+        assert servers == list(SERVERS)
+    measured = [p for _, points in the_plan for p in points]
+    assert len(measured) == len(set(measured))
+    for family in FAMILIES:
+        if family != "memory":
+            assert family_points(family, settings), family
+            assert set(family_points(family, settings)) <= set(measured)
+    assert all(p.server == server for server, points in the_plan for p in points)
+
+
+def test_every_server_is_registered_once_with_a_known_variant():
+    """The registry is the one place a server is named: every point's server is in it, and
+    every Triton it starts serves a variant bench/variants.py can write."""
+    for key, spec in SERVERS.items():
+        assert spec.key == key
+        assert spec.variant in VARIANTS, key
+    used = {p.server for f in FAMILIES for s in (QUICK, FULL) for p in family_points(f, s)}
+    assert used <= set(SERVERS), used - set(SERVERS)
+    assert [spec.kind for spec in SERVERS.values() if spec.memory_soak] == ["triton"]
+    assert {spec.key for spec in SERVERS.values() if spec.baseline} == {
+        "fastapi",
+        "fastapi-x2",
+        "mlserver",
+    }
+
+
+def test_run_lengths():
+    quick = sum(estimate_seconds(s, p, QUICK) for s, p in plan(FAMILIES, QUICK))
+    full = sum(estimate_seconds(s, p, FULL) for s, p in plan(FAMILIES, FULL))
+    assert quick < 180, quick
+    # 22 min: the gateway family adds a server (Triton behind HAProxy) and 4 points, about
+    # 1.3 min, to a full run that was just under 20 min; every other family is unchanged.
+    assert full < 22 * 60, full
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def fake_results(settings=QUICK, rps=None, load=0.1) -> dict:
+    """Results as `python -m bench` writes them, for every planned point."""
+    rps = rps or {}
+    points = []
+    for server, planned in plan(FAMILIES, settings):
+        for p in planned:
+            value = rps.get((server, p.model, p.concurrency), 1000.0)
+            summary = summarize([rep(value, mean=p.concurrency * 1000 / value)])
+            summary.avg_batch = 3.0
+            counters = {
+                "classifier": {
+                    "inferences": 300.0,
+                    "executions": 100.0,
+                    "requests": 300.0,
+                    "queue_us": 3000.0,
+                    "compute_us": 9000.0,
+                    "request_us": 15000.0,
+                }
+            }
+            points.append(
+                {**asdict(p), "key": p.key, "summary": asdict(summary), "counters": counters}
+            )
+    meta = {
+        "mode": settings.label,
+        "quick": settings.quick,
+        "families": list(FAMILIES),
+        "started": "2026-01-01T00:00:00+00:00",
+        "duration_s": 125,
+        "command": "python -m bench --quick",
+        "cpu": "test CPU",
+        "cores": 2,
+        "memory_gib": 8.0,
+        "python": "3.11",
+        "load_before": [load, 0, 0],
+        "load_after": [0.5, 0, 0],
+        "versions": {"tritonserver": "2.51.0"},
+        "settings": asdict(settings),
+        "wrk": "wrk 4.1.0",
+    }
+    memory = {
+        "requests": 5000,
+        "errors": 0,
+        "target_requests": 5000,
+        "rss_warm_bytes": 200 * 2**20,
+        "rss_after_bytes": 204 * 2**20,
+        "growth": 0.02,
+        "processes": 4,
+    }
+    return {"meta": meta, "points": points, "memory": memory}
+
+
+def test_report_has_every_family_targets_and_quick_banner():
+    text = report.render_markdown(fake_results())
+    assert "QUICK MODE: smoke numbers, not results" in text
+    for family, title in FAMILIES.items():
+        if family != "memory":
+            assert f"## {title[0].upper()}{title[1:]}" in text, family
+    assert "## Memory" in text and "+2.0%" in text and "within the 10% target" in text
+    assert "not run" not in text
+    assert "benchmarks/throughput.png" in text and "benchmarks/latency.png" in text
+    assert "docker compose --profile bench" in text and "perf-analyzer:" in text
+    assert "With a single `classifier` instance" in text
+    assert "With one instance of every model" in text
+    assert "Labels without Python" in text and "labels by Triton's classification" in text
+    assert "Warning: the machine was busy" not in text
+    assert "busy" in report.render_markdown(fake_results(load=3.0))
+
+
+def test_targets_met_and_missed():
+    t = "triton:default"
+    good = {
+        (t, "pipeline", 16): 6000.0,
+        (t, "classifier", 16): 7000.0,
+        (t, "classify", 16): 6000.0,
+        ("fastapi", "classifier", 16): 1500.0,
+        (t, "classifier", 32): 9000.0,
+        ("triton:batching-off", "classifier", 32): 4000.0,
+    }
+    verdicts = [target.passed for target in report.targets(fake_results(rps=good))]
+    assert verdicts == [True, True, True, True]
+    bad = {**good, (t, "classify", 16): 2000.0, ("fastapi", "classifier", 16): 2500.0}
+    verdicts = [target.passed for target in report.targets(fake_results(rps=bad))]
+    assert verdicts == [False, True, False, True]
+
+
+def test_write_produces_markdown_json_and_pngs(tmp_path):
+    written = report.write(fake_results(FULL), tmp_path)
+    assert (tmp_path / "benchmarks.md").is_file()
+    for name in report.PLOTS:
+        png = tmp_path / "benchmarks" / f"{name}.png"
+        assert png in written and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "benchmarks" / "results.json").read_text())["meta"]["cores"] == 2
+    assert "QUICK" not in (tmp_path / "benchmarks.md").read_text()
+
+
+# -- why: CPU per request by process, py-spy profiles --------------------------------------------
+
+
+def test_py_spy_raw_samples_split_into_model_code_and_backend(tmp_path):
+    model = tmp_path / "postprocess" / "1" / "model.py"
+    raw = "\n".join(
+        [
+            # two stacks in execute(): the innermost model.py frame is the line that counts
+            f"main (stub);execute ({model}:57);increment (triton_python_backend_utils.py:9) 30",
+            f"main (stub);execute ({model}:60);<listcomp> ({model}:62);sem_post (libc.so.6) 10",
+            # the backend's C++ with no Python frame, and a numpy frame outside the model
+            "main (stub);ProcessRequests (triton_python_backend_stub);sem_wait (libc.so.6) 50",
+            "main (stub);split (numpy/lib/shape_base.py:866) 10",
+            "not a sample line",
+        ]
+    )
+    profile, lines = StubProfile("postprocess"), Counter()
+    parse_raw(raw, profile, lines)
+    assert (profile.samples, profile.in_model_code) == (100, 40)
+    assert lines == {(str(model), 57): 30, (str(model), 62): 10}
+
+
+def with_costs(results: dict, costs: dict, profiles: dict | None = None) -> dict:
+    """fake_results plus per-process CPU (µs/request) on the points named in `costs`."""
+    for point in results["points"]:
+        found = costs.get((point["server"], point["model"], point["concurrency"]))
+        if found and point["protocol"] == "http-json":
+            point["cpu_by_process_us"] = found
+    results["profiles"] = profiles or {}
+    return results
+
+
+def profile_of(stub: str, samples: int, own: int) -> dict:
+    return asdict(StubProfile(stub, 2, samples, own, [(f"{stub}/model.py:5", "x = 1", own)]))
+
+
+def test_why_section_bounds_each_missed_target_by_its_cpu_cost():
+    t = "triton:default"
+    rps = {(t, "classifier", 16): 10000.0, (t, "pipeline", 16): 5000.0}
+    rps |= {(t, "classify", 16): 5000.0, ("fastapi", "classifier", 16): 2500.0}
+    rps |= {(t, "classifier", 32): 12000.0, ("triton:batching-off", "classifier", 32): 8000.0}
+    costs = {
+        (t, "classifier", 16): {"tritonserver": 70.0, "classifier": 50.0},
+        (t, "pipeline", 16): {"tritonserver": 150.0, "classifier": 70.0, "postprocess": 80.0},
+        (t, "classify", 16): {"tritonserver": 120.0, "classifier": 30.0, "classify": 100.0},
+        (t, "classifier", 32): {"tritonserver": 70.0, "classifier": 30.0},
+        ("triton:batching-off", "classifier", 32): {"tritonserver": 80.0, "classifier": 120.0},
+        ("fastapi", "classifier", 16): {"python": 390.0},
+    }
+    profiles = {"pipeline": {"postprocess": profile_of("postprocess", 100, 25)}}
+    results = with_costs(fake_results(rps=rps), costs, profiles)
+    text = report.render_markdown(results)
+    assert "## Where each request's CPU goes" in text
+    assert "| `pipeline` (ensemble), c=16 | 150 | 70 | 80 |  | 300 |" in text
+    assert "| FastAPI + onnxruntime, c=16 |  |  |  |  | 390 |" in text
+    assert (
+        "| `pipeline` | `postprocess` | 100 | 25% | `postprocess/model.py:5` `x = 1` 25% |" in text
+    )
+    why = explain.explanations(results)
+    assert len(why) == 4
+    # pipeline: 0.8x needs <= 120/0.8 = 150 µs; tritonserver alone takes 150 -> whole budget;
+    # its own code is 25% of 80 = 20 µs -> 280 µs -> 120/280 = 0.43x; no stub at all: 120/220.
+    pipeline = next(w for w in why if "`pipeline` ≥ 0.8x" in w)
+    assert "at most 150 µs" in pipeline and "more than the whole budget" in pipeline
+    assert "≈ 20 µs" in pipeline and "at most 0.43x" in pipeline and "0.55x at best" in pipeline
+    # classify: no profile -> no model-code bound; 250 µs, server 120 < 150 leaves 30 µs
+    classify = next(w for w in why if "`classify` ≥ 0.8x" in w)
+    assert "leaving 30 µs for the stubs; they take 130" in classify and "py-spy" not in classify
+    # FastAPI: 3 x 2500 = 7500 req/s x 300 µs = 2.25 cores > 2 - generator
+    fastapi = next(w for w in why if "FastAPI" in w)
+    assert "7,500 req/s" in fastapi and "2.25 cores" in fastapi
+    batching = next(w for w in why if "Batching" in w)
+    assert "from 200 to 100 µs (2.00x)" in batching
+    # a met target is stated as met, without a bound
+    rps[(t, "classify", 16)] = 9000.0
+    met = explain.explanations(with_costs(fake_results(rps=rps), costs, profiles))
+    assert any("`classify` ≥ 0.8x the direct classifier: met" in w for w in met)
+
+
+def test_why_section_is_left_out_without_per_process_cpu():
+    """Results from before the per-process split render without the section, not with zeros."""
+    assert "## Where each request's CPU goes" not in report.render_markdown(fake_results())
+
+
+def test_a_failed_profile_is_reported_not_hidden():
+    results = with_costs(
+        fake_results(),
+        {("triton:default", "classifier", 16): {"tritonserver": 70.0, "classifier": 50.0}},
+        {"pipeline": {"error": "py-spy could not sample postprocess: Permission denied"}},
+    )
+    assert "not profiled: py-spy could not sample postprocess" in explain.profile_table(results)
+
+
+def test_progress_line_counts_steps_and_minutes(capsys):
+    """A first step that took over a minute (a first-time install) still prints m:ss."""
+    progress = Progress([30.0, 30.0])
+    progress.start -= 75
+    progress.step("started triton:default in 75.0 s")
+    line = capsys.readouterr().out
+    # 75 s for a 30 s plan: the remaining 30 s are scaled by the same pace, about 1:15.
+    assert re.fullmatch(
+        r"\[  1/2 1:1\d elapsed, ETA 1:1\d\] started triton:default in 75\.0 s\n", line
+    ), line
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def test_quick_run_may_not_overwrite_the_committed_docs(capsys):
+    assert main(["--quick", "--out", str(REPOSITORY.parent / "docs")]) == 1
+    assert "must not replace docs/benchmarks.md" in capsys.readouterr().err
+
+
+def test_unknown_scenario_family(capsys):
+    assert main(["--quick", "--scenarios", "models,nope", "--out", "/tmp/x"]) == 1
+    assert "unknown scenario family ['nope']" in capsys.readouterr().err
+
+
+def test_committed_docs_are_a_full_run_or_the_pending_page():
+    """docs/benchmarks.md never holds quick (smoke) numbers, and its method text is current."""
+    docs = REPOSITORY.parent / "docs"
+    text = (docs / "benchmarks.md").read_text()
+    if "No full run recorded yet" in text:
+        assert text == report.render_pending(), "regenerate with report.render_pending()"
+        return
+    assert "QUICK MODE" not in text
+    assert "Measured by `python -m bench` on" in text
+    assert "\n".join(report.method_sections()) in text
+    for name in report.PLOTS:
+        assert (docs / "benchmarks" / f"{name}.png").is_file()
+
+
+def test_compose_bench_profile_text_is_a_valid_service():
+    """The service the compose file's owner integrates: valid YAML, pinned SDK image, our script."""
+    import yaml
+
+    service = yaml.safe_load(report.COMPOSE_BENCH)["perf-analyzer"]
+    assert service["profiles"] == ["bench"]
+    assert re.fullmatch(r"nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-py3-sdk", service["image"])
+    assert service["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert service["command"] == ["bash", "/bench/perf_analyzer.sh"]
+    assert (REPOSITORY.parent / "bench" / "perf_analyzer.sh").is_file()
+    # the same release as the server image the stack builds
+    dockerfile = (REPOSITORY.parent / "Dockerfile.triton").read_text()
+    release = re.search(r"tritonserver:(\d\d\.\d\d)-py3", dockerfile).group(1)
+    assert service["image"].endswith(f":{release}-py3-sdk")

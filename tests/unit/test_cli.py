@@ -1,0 +1,86 @@
+"""The CLI's mistakes without a server: each one readable line, and the extras it names exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from importlib.metadata import packages_distributions, requires
+
+import numpy as np
+import pytest
+
+from tritonstack.errors import EXTRAS
+from tritonstack.runtime import free_ports
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tritonstack.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_infer_without_a_server_is_one_line(protocol):
+    (port,) = free_ports(1)
+    result = run("infer", "--url", f"127.0.0.1:{port}", "--protocol", protocol)
+    assert_one_line_error(result, f"cannot reach Triton at 127.0.0.1:{port}")
+
+
+def test_infer_rejects_wrongly_shaped_npy(tmp_path):
+    path = tmp_path / "bad.npy"
+    np.save(path, np.ones((2, 64), np.float32))
+    assert_one_line_error(run("infer", "--input", str(path)), "shape [rows, 128], got [2, 64]")
+
+
+def test_infer_rejects_a_file_that_is_not_npy(tmp_path):
+    path = tmp_path / "bad.npy"
+    path.write_text("not numpy")
+    assert_one_line_error(run("infer", "--input", str(path)), "cannot read a .npy array")
+
+
+def test_a_command_whose_extra_is_missing_names_the_extra(tmp_path):
+    """`tritonstack export` without the [export] extra: one line naming it, nothing written.
+    The child process blocks the extra's modules (None in sys.modules makes their import fail),
+    as a `pip install tritonstack` without extras leaves them out."""
+    repository = tmp_path / "model_repository"
+    blocked = " = ".join(f"sys.modules[{module!r}]" for module in EXTRAS)
+    code = f"import sys; {blocked} = None; from tritonstack.cli import main; sys.exit(main())"
+    result = subprocess.run(
+        [sys.executable, "-c", code, "export", "--model-repository", str(repository)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_one_line_error(
+        result,
+        "export: error: needs the [export] extra (sklearn, skl2onnx not installed): "
+        "pip install 'tritonstack[export]'",
+    )
+    assert not repository.exists()
+
+
+def test_each_extra_named_in_errors_is_declared_in_pyproject():
+    """EXTRAS says which extra installs a module; the package metadata must say the same, and
+    the core dependencies must not pull those modules in anyway."""
+    declared = requires("tritonstack") or []
+    for module, extra in EXTRAS.items():
+        for distribution in packages_distributions()[module]:
+            lines = [
+                line
+                for line in declared
+                if re.split(r"[=<>~!\[; ]", line, maxsplit=1)[0].lower() == distribution.lower()
+            ]
+            assert lines, (module, distribution)
+            assert all(f'extra == "{extra}"' in line for line in lines), lines

