@@ -2,9 +2,11 @@
 
 Pydantic models declare the request body, the model is loaded once in the `lifespan` handler, and
 the path operation is a plain `def` because `InferenceSession.run` blocks (FastAPI runs such
-functions in its thread pool). Served by `uvicorn bench.fastapi_app:app` with ONE worker, the
-default of `uvicorn` and `fastapi run`. It answers the same KServe v2 JSON request as Triton at
-the same path, and does what `pipeline` does: probabilities and a label per row.
+functions in its thread pool). Served by `uvicorn fastapi_app:app` from bench/ with ONE worker,
+the default of `uvicorn` and `fastapi run`. It answers the same KServe v2 JSON request as Triton
+at the same path, and does what `pipeline` does: probabilities and a label per row. It runs in
+its own virtualenv (FastAPI, uvicorn, onnxruntime), as a standalone service would, so it spells
+out the request's `features` [rows, 128] rather than importing tritonstack's contract.
 
 The ONNX session uses one intra-op thread, as `classifier`'s config.pbtxt does on Triton.
 Environment: BENCH_MODEL_ONNX (path of model.onnx), BENCH_LABELS (labels.txt).
