@@ -316,6 +316,15 @@ def _check_python_files(model: Model, versions: Sequence[Path], say: Say) -> Non
                 f"loads {version.name}/{filename} and {version / filename} is missing",
                 f"add the model's Python file there (class TritonPythonModel in {filename})",
             )
+        # A module shared between models is a relative symlink (the stub puts only the model's
+        # own folders on sys.path); a broken one fails only when Triton loads the model.
+        for link in sorted(p for p in version.iterdir() if p.is_symlink() and not p.exists()):
+            say(
+                'backend "python"',
+                f"imports from {version.name}/, where {_shown(link)} links to "
+                f"{os.readlink(link)}, which does not exist",
+                "point the link at the file, relative to its folder, or put the file there",
+            )
 
 
 def _check_python_references(

@@ -112,6 +112,14 @@ def _edits(relative: str, *pairs: tuple[str, str]) -> Callable[[Path], None]:
     return mutate
 
 
+def _relink(relative: str, target: str) -> Callable[[Path], None]:
+    def mutate(repo: Path) -> None:
+        (repo / relative).unlink()
+        (repo / relative).symlink_to(target)
+
+    return mutate
+
+
 def _write(relative: str, data: bytes) -> Callable[[Path], None]:
     return lambda repo: (repo / relative).write_bytes(data)
 
@@ -167,6 +175,17 @@ CASES = {
         _remove("postprocess/1/model.py"),
         "postprocess/config.pbtxt",
         ['backend "python" loads 1/model.py and', "postprocess/1/model.py is missing; add"],
+        1,
+    ),
+    "shared-module-link-broken": (
+        _relink("classify/1/labels_file.py", "../../postprocess/1/labels.py"),
+        "classify/config.pbtxt",
+        [
+            'backend "python" imports from 1/, where',
+            "classify/1/labels_file.py links to ../../postprocess/1/labels.py,",
+            "which does not exist",
+            "; point the link at the file",
+        ],
         1,
     ),
     "classifier-dims-64": (
