@@ -47,6 +47,12 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         self.route = None
         self.route_checked_at = float("-inf")
+        # Where the sub-request's outputs must be: a BLS response keeps them on the device the
+        # called model produced them on, and TensorRT and GPU ONNX Runtime instances produce
+        # them in GPU memory, where `.as_numpy()` raises "Tensor is stored in GPU and cannot be
+        # converted to NumPy". CPU memory makes Triton copy them out once per batch. Built here,
+        # not at import: the stub adds PreferredMemory to pb_utils after importing model.py.
+        self.output_memory = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
         self.create_metrics(args["model_name"])
 
     def create_metrics(self, model_name: str) -> None:
@@ -110,6 +116,7 @@ class TritonPythonModel:
             model_name=model,
             requested_output_names=["class"],
             inputs=[pb_utils.Tensor("features", rows)],
+            preferred_memory=self.output_memory,
         )
         started = time.perf_counter()
         sub_response = await sub_request.async_exec()
@@ -121,7 +128,14 @@ class TritonPythonModel:
                 f"classify: sub-request to {model} failed: {sub_response.error().message()}"
             )
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
-        scores = pb_utils.get_output_tensor_by_name(sub_response, "class").as_numpy()
+        output = pb_utils.get_output_tensor_by_name(sub_response, "class")
+        if not output.is_cpu():
+            error = pb_utils.TritonError(
+                f"classify: {model} returned `class` in GPU memory although the sub-request "
+                "asked for CPU memory (preferred_memory); this Python backend cannot copy it"
+            )
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+        scores = output.as_numpy()
         winners = np.argmax(scores, axis=1)
         labels = self.labels[winners].reshape(-1, 1)
         for metric, count in zip(self.predictions, np.bincount(winners), strict=False):
