@@ -6,13 +6,17 @@
 # compute capability 7.5 and later, and a GPU it cannot use stops the container (never a silent
 # fall back to CPU):
 #   - every model `<name>_trt` with platform "tensorrt_plan" and no committed plan gets one, built
-#     with trtexec from `<name>/1/model.onnx` (min 1 / opt TRT_OPT_BATCH / max max_batch_size rows,
-#     --fp16: every GPU of compute capability 7.5 or later has fast FP16) and cached in $TRITONSTACK_CACHE under a key made of the
+#     with trtexec from `<name>/1/model.onnx` (min 1 / opt TRT_OPT_BATCH / max max_batch_size rows;
+#     precision: see TRT_PRECISION below) and cached in $TRITONSTACK_CACHE under a key made of the
 #     GPU name, compute capability, TensorRT version, ONNX file hash and build options: an unchanged
 #     key reuses the plan, a changed key (new GPU, new image, new model) builds a new one;
 #   - tritonserver gets --model-config-name=gpu (configs/gpu.pbtxt where a model has one) and
 #     --allow-gpu-metrics=true; ONNX Runtime's TensorRT engine cache is keyed the same way, ONNX
 #     files' hashes included (ONNX Runtime's own cache id hashes names and versions, not weights).
+#   Replicas share the cache (compose `--scale triton=N` mounts one volume in each): a plan is
+#   built by one replica under a lock while the others wait and then reuse it, a plan whose
+#   checksum no longer matches is rebuilt, and the ONNX Runtime engine directory is held by one
+#   replica until its models are ready (its engines are written), so no engine is read half-written.
 # CPU (no GPU, or TRITONSTACK_DEVICE=cpu): models that need a GPU (TensorRT plans, KIND_GPU
 #   instances) are left out of the view, as `tritonstack serve` does; `classify` then routes to
 #   `classifier`. --model-control-mode=none stays on: no load API is needed to skip them.
@@ -31,7 +35,16 @@ CACHE=${TRITONSTACK_CACHE:-/var/cache/tritonstack}
 VIEW=${TRITONSTACK_VIEW:-${TMPDIR:-/tmp}/tritonstack-repository}
 DEVICE=${TRITONSTACK_DEVICE:-auto}
 OPT_BATCH=${TRT_OPT_BATCH:-16}
+# auto: FP16 where trtexec still takes --fp16 (TensorRT 10; every GPU the release supports has
+# fast FP16); TensorRT 11 removed the precision flags (networks are strongly typed), so there the
+# plan keeps the ONNX model's own precision. fp16 insists (and stops where it cannot be had); fp32.
 PRECISION=${TRT_PRECISION:-auto}
+# How long a replica waits for another one's plan build or engine cache before giving up.
+CACHE_LOCK_TIMEOUT=${TRITONSTACK_CACHE_LOCK_TIMEOUT:-900}
+# ONNX Runtime's TensorRT engine cache as configs/gpu.pbtxt names it: a link in this container
+# (never on the shared volume, where replicas would repoint it under each other) to a keyed
+# directory of the cache.
+ORT_CACHE_LINK=${TRITONSTACK_ORT_CACHE_LINK:-/tmp/tritonstack-onnxruntime-trt}
 # The image's release (26.07) supports compute capability 7.5 (Turing) and later.
 MIN_COMPUTE_CAPABILITY=7.5
 # Shorter than compose's stop_grace_period (30s), so Triton drains in-flight requests and exits
@@ -49,6 +62,8 @@ WATCHDOG=${TRITONSTACK_WATCHDOG:-on}
 WATCHDOG_INTERVAL=${TRITONSTACK_WATCHDOG_INTERVAL:-5}
 WATCHDOG_FAILURES=${TRITONSTACK_WATCHDOG_FAILURES:-3}
 WATCHDOG_PROBE=${TRITONSTACK_WATCHDOG_PROBE:-python3 $HOME_DIR/healthcheck.py --url 127.0.0.1:$HTTP_PORT --model pipeline --model classify}
+# Ready (--strict-readiness: every model loaded and warmed up, so its engines are built).
+READY_PROBE=${TRITONSTACK_READY_PROBE:-python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$HTTP_PORT/v2/health/ready', timeout=2)"}
 
 # Everything goes to stderr: tensorrt_plan's stdout is the plan path its caller captures.
 log() { printf '[entrypoint] %s\n' "$*" >&2; }
@@ -145,8 +160,8 @@ tensorrt_version() {
     return
   fi
   local number
-  number=$(trtexec --help 2>&1 | sed -n 's/.*\[TensorRT v\([0-9][0-9]*\)\].*/\1/p' | head -n 1) ||
-    true
+  number=$(printf '%s\n' "$TRTEXEC_HELP" | sed -n 's/.*\[TensorRT v\([0-9][0-9]*\)\].*/\1/p' |
+    head -n 1) || true
   if [[ -n $number ]]; then
     printf '%d.%d.%d\n' $((number / 10000)) $((number / 100 % 100)) $((number % 100))
   else # unknown banner: the binary's hash still changes with every TensorRT release
@@ -179,13 +194,7 @@ tensorrt_plan() {
       shapes[i]+="$input:${rows[i]}x$dims"
     done
   done <<<"$inputs"
-  local build=(--onnx="$onnx" "${shapes[@]}")
-  case $PRECISION in
-    fp16) build+=(--fp16) ;;
-    fp32) ;;
-    auto) build+=(--fp16) ;; # detect_gpu admits only GPUs with fast FP16 (7.5 and later)
-    *) die "TRT_PRECISION=$PRECISION: use auto, fp16 or fp32" ;;
-  esac
+  local build=(--onnx="$onnx" "${shapes[@]}" "${PRECISION_FLAGS[@]}")
   key="gpu=$GPU_NAME
 compute_capability=$GPU_CC
 tensorrt=$TRT_VERSION
@@ -194,12 +203,19 @@ build=${build[*]:1}"
   dir=$CACHE/plans/$name/$(slug "$GPU_NAME")-sm${GPU_CC//./}-trt$TRT_VERSION-$(
     printf '%s' "$key" | sha256sum | cut -c1-12
   )
-  if [[ -f $dir/model.plan && -f $dir/key ]] && [[ $(<"$dir/key") == "$key" ]]; then
+  mkdir -p "$dir"
+  # One builder per plan: replicas sharing the cache volume start together. The lock is this
+  # function's (it runs in $(...)), so it is released when the function returns or dies.
+  lock_or_wait "$dir/lock" "$name: another replica is building this plan; waiting for it"
+  if plan_is_valid "$dir" "$key"; then
     log "$name: reusing the cached plan $dir/model.plan (same GPU, TensorRT and model)"
     printf '%s\n' "$dir/model.plan"
     return
   fi
-  mkdir -p "$dir"
+  [[ ! -e $dir/model.plan ]] ||
+    log "$name: the cached plan in $dir is incomplete or does not match its checksum" \
+      "(truncated or changed); rebuilding it"
+  rm -f "$dir/key" "$dir/model.plan.sha256" # no valid entry until the new plan is complete
   log "$name: building a TensorRT plan for $GPU_NAME (compute capability $GPU_CC, TensorRT $TRT_VERSION):" \
     "trtexec ${build[*]}; first start only, cached afterwards"
   started=$(date +%s)
@@ -209,11 +225,39 @@ build=${build[*]:1}"
     rm -f "$dir/model.plan.tmp"
     die "$name: trtexec failed; full log in $dir/trtexec.log"
   fi
+  [[ -s $dir/model.plan.tmp ]] ||
+    die "$name: trtexec reported success but wrote no plan to $dir/model.plan.tmp (disk full?);" \
+      "full log in $dir/trtexec.log"
   seconds=$(($(date +%s) - started))
-  mv "$dir/model.plan.tmp" "$dir/model.plan"
-  printf '%s\n' "$key" >"$dir/key"
+  # Plan, then its checksum, then the key: a reader trusts the plan only when all three agree.
+  sha256sum <"$dir/model.plan.tmp" | cut -d' ' -f1 >"$dir/model.plan.sha256.tmp"
+  mv -f "$dir/model.plan.tmp" "$dir/model.plan"
+  mv -f "$dir/model.plan.sha256.tmp" "$dir/model.plan.sha256"
+  printf '%s\n' "$key" >"$dir/key.tmp"
+  mv -f "$dir/key.tmp" "$dir/key"
   log "$name: plan built in ${seconds} s: $dir/model.plan ($(wc -c <"$dir/model.plan") bytes)"
   printf '%s\n' "$dir/model.plan"
+}
+
+# The cached plan in $1 was built for key $2 and is the file that build wrote, byte for byte.
+plan_is_valid() {
+  local dir=$1 key=$2
+  [[ -f $dir/model.plan && -f $dir/key && -f $dir/model.plan.sha256 ]] || return 1
+  [[ $(<"$dir/key") == "$key" ]] || return 1
+  [[ $(sha256sum <"$dir/model.plan" | cut -d' ' -f1) == "$(<"$dir/model.plan.sha256")" ]]
+}
+
+# lock_or_wait FILE MESSAGE...: take an exclusive lock on FILE for the rest of this shell (fd in
+# LOCK_FD), saying MESSAGE while another process holds it, for at most CACHE_LOCK_TIMEOUT.
+LOCK_FD=''
+lock_or_wait() {
+  local file=$1 message=${*:2}
+  exec {LOCK_FD}>"$file"
+  flock -n "$LOCK_FD" && return 0
+  log "$message (up to ${CACHE_LOCK_TIMEOUT}s; lock $file)"
+  flock -w "$CACHE_LOCK_TIMEOUT" "$LOCK_FD" ||
+    die "$file stayed locked for ${CACHE_LOCK_TIMEOUT}s: the replica holding it is stuck;" \
+      "restart it, or raise TRITONSTACK_CACHE_LOCK_TIMEOUT"
 }
 
 # A model directory whose version 1 gets the built plan; everything else links to the original.
@@ -245,19 +289,48 @@ case $DEVICE in
 esac
 log "serving on $DEVICE"
 
+# The build's precision flags, from TRT_PRECISION and what this trtexec accepts.
+PRECISION_FLAGS=()
+choose_precision() {
+  local takes_fp16=0
+  if printf '%s\n' "$TRTEXEC_HELP" | grep -Eq '^[[:space:]]*--fp16([[:space:]]|$)'; then
+    takes_fp16=1
+  fi
+  case $PRECISION in
+    auto | fp16)
+      if ((takes_fp16)); then
+        PRECISION_FLAGS=(--fp16)
+        log "TensorRT plans in FP16 (--fp16; TRT_PRECISION=$PRECISION)"
+      elif [[ $PRECISION == fp16 ]]; then
+        die "TRT_PRECISION=fp16, but trtexec of TensorRT $TRT_VERSION has no --fp16 (TensorRT 11" \
+          "builds strongly typed networks: a plan runs in the ONNX model's own types). Convert" \
+          "the model to FP16 (ModelOpt AutoCast, docs/deployment.md) or set TRT_PRECISION=auto"
+      else
+        log "TensorRT $TRT_VERSION builds strongly typed networks (its trtexec has no --fp16):" \
+          "plans keep the ONNX model's precision; for FP16 convert the model (docs/deployment.md)"
+      fi
+      ;;
+    fp32) log "TensorRT plans in the ONNX model's precision (TRT_PRECISION=fp32)" ;;
+    *) die "TRT_PRECISION=$PRECISION: use auto, fp16 or fp32" ;;
+  esac
+}
+
 if [[ $DEVICE == gpu ]]; then
   command -v trtexec >/dev/null 2>&1 || die "trtexec not found on PATH (/usr/src/tensorrt/bin)"
+  # One call: the banner has the version, the option list says which precision flags exist.
+  TRTEXEC_HELP=$(trtexec --help 2>&1) || true
   TRT_VERSION=$(tensorrt_version)
   log "TensorRT $TRT_VERSION"
+  choose_precision
   # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt: $CACHE/onnxruntime-trt) is checked
   # against neither the GPU nor the weights (its id hashes the model's file name, tensor names
   # and library versions), so it points into a directory keyed by GPU, TensorRT and the hash of
   # every ONNX file in the repository: new weights get a new engine, never the old one.
   onnx_key=$(cd "$REPOSITORY" && find . -name '*.onnx' -type f -print0 | sort -z |
     xargs -0r sha256sum | sha256sum | cut -c1-12)
-  ort_dir=onnxruntime-trt-keys/$(slug "$GPU_NAME")-sm${GPU_CC//./}-trt$TRT_VERSION-onnx$onnx_key
-  mkdir -p "$CACHE/$ort_dir"
-  ln -sfn "$ort_dir" "$CACHE/onnxruntime-trt"
+  ort_dir=$CACHE/onnxruntime-trt-keys/$(slug "$GPU_NAME")-sm${GPU_CC//./}-trt$TRT_VERSION-onnx$onnx_key
+  mkdir -p "$ort_dir"
+  ln -sfn "$ort_dir" "$ORT_CACHE_LINK"
 fi
 
 rm -rf "$VIEW"
@@ -350,6 +423,35 @@ watchdog() {
     fi
   done
 }
+# --- engine guard: one replica at a time loads models against ONNX Runtime's engine cache ------
+# ONNX Runtime writes an engine with a plain file write while the model warms up, so a replica
+# loading at the same moment could read it half-written. This replica holds the cache
+# directory's lock until its models are ready (so its engines are written); the next replica
+# waits here, then finds them. The guard inherits the lock's file descriptor and tritonserver
+# does not (closed before `exec`): the lock goes when the models are ready, when tritonserver
+# exits, or after the timeout.
+engine_guard() {
+  local server=$1 deadline=$((SECONDS + CACHE_LOCK_TIMEOUT)) parent
+  while sleep 0.5; do
+    read -r _ _ _ parent _ <"/proc/$BASHPID/stat"
+    ((parent == server)) || return 0
+    if bash -c "$READY_PROBE" >/dev/null 2>&1; then
+      log "models ready: ONNX Runtime's engine cache is released to the other replicas"
+      return 0
+    fi
+    if ((SECONDS >= deadline)); then
+      log "WARNING: models not ready after ${CACHE_LOCK_TIMEOUT}s; releasing the engine cache"
+      return 0
+    fi
+  done
+}
+if [[ $DEVICE == gpu ]]; then
+  lock_or_wait "$ort_dir.lock" "another replica is loading its models against ONNX Runtime's" \
+    "engine cache $ort_dir; waiting until they are ready"
+  engine_guard $$ &
+  exec {LOCK_FD}>&- # this shell becomes tritonserver: only the guard keeps the lock
+fi
+
 if [[ $WATCHDOG == on ]]; then
   # After `exec`, tritonserver keeps this shell's PID ($$), which the watchdog signals.
   watchdog $$ &

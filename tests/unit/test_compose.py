@@ -523,8 +523,9 @@ def test_image_layout_matches_the_entrypoint_defaults(gpu: dict) -> None:
     cache = re.search(r"TRITONSTACK_CACHE=(\S+)", dockerfile).group(1)
     assert f"triton-cache:{cache}" in gpu["services"]["triton"]["volumes"][0]
     gpu_config = (REPOSITORY / "classifier" / "configs" / "gpu.pbtxt").read_text()
-    assert f'value: "{cache}/onnxruntime-trt"' in gpu_config  # the link the entrypoint keys
-    assert 'ln -sfn "$ort_dir" "$CACHE/onnxruntime-trt"' in entrypoint
+    link = re.search(r"ORT_CACHE_LINK=\$\{TRITONSTACK_ORT_CACHE_LINK:-(\S+)\}", entrypoint)
+    assert f'value: "{link.group(1)}"' in gpu_config  # the link the entrypoint keys
+    assert "ort_dir=$CACHE/onnxruntime-trt-keys/" in entrypoint  # ... into the cache volume
 
 
 def test_dockerignore_lets_every_copy_source_through() -> None:

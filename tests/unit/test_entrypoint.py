@@ -43,6 +43,7 @@ class Run:
     argv: list[str] | None  # what tritonserver was exec'd with; None if it never ran
     view: Path
     cache: Path
+    engines: Path  # the container-local link to ONNX Runtime's engine cache (configs/gpu.pbtxt)
 
     def tool_calls(self, tool: str) -> list[str]:
         return [c for c in self.calls if c.split(" ", 1)[0] == tool]
@@ -74,6 +75,7 @@ def run_entrypoint(
         "TRITONSTACK_FLAGS": str(FLAGS),
         "TRITONSTACK_CACHE": str(tmp_path / "cache"),
         "TRITONSTACK_VIEW": str(tmp_path / "view"),
+        "TRITONSTACK_ORT_CACHE_LINK": str(tmp_path / "onnxruntime-trt"),
         "FAKE_LOG": str(log),
         "FAKE_ARGV": str(argv),
         "TRITONSTACK_ADMIN_KEY": ADMIN_KEY,
@@ -96,6 +98,7 @@ def run_entrypoint(
         argv.read_text().splitlines() if argv.exists() else None,
         tmp_path / "view",
         tmp_path / "cache",
+        tmp_path / "onnxruntime-trt",
     )
 
 
@@ -181,8 +184,9 @@ def test_gpu_builds_the_plan_and_serves_the_gpu_configuration(tmp_path: Path) ->
     assert (trt / "config.pbtxt").resolve() == REPOSITORY / "classifier_trt" / "config.pbtxt"
     assert (trt / "1" / "model.plan").resolve() == plans / "model.plan"
     # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt) points into a keyed directory.
-    ort = run.cache / "onnxruntime-trt"
-    assert os.readlink(ort) == f"onnxruntime-trt-keys/NVIDIA_A10G-sm86-trt10.5.0-onnx{onnx_key()}"
+    ort = run.engines
+    keyed = f"onnxruntime-trt-keys/NVIDIA_A10G-sm86-trt10.5.0-onnx{onnx_key()}"
+    assert os.readlink(ort) == str(run.cache / keyed)
     assert ort.is_dir()
     assert "serving on gpu" in run.output
     assert "classifier_trt: plan built in " in run.output
@@ -238,7 +242,7 @@ def test_changed_model_rebuilds(tmp_path: Path) -> None:
     env = {"MODEL_REPOSITORY": str(repo)}
     first = run_entrypoint(tmp_path, A10G, env=env)
     assert first.returncode == 0, first.output
-    ort = first.cache / "onnxruntime-trt"
+    ort = first.engines
     old_engines = os.readlink(ort)
     (ort / "TensorrtExecutionProvider_TRTKernel_graph_main_123.engine").write_text("old weights")
     (repo / "classifier" / "1" / "model.onnx").write_bytes(ONNX.read_bytes() + b"\0")
