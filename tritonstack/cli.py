@@ -66,15 +66,23 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from tritonstack.check import check_repository
+    from tritonstack.mounts import check_mounts
+    from tritonstack.project import project_dir
 
-    problems = check_repository(args.model_repository)
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if problems:
-        print(f"{len(problems)} problem(s) in {args.model_repository}", file=sys.stderr)
-        return 1
-    print(f"{args.model_repository}: ok")
-    return 0
+    checked = [(args.model_repository, check_repository(args.model_repository))]
+    compose = project_dir() / "docker-compose.yml"
+    if compose.is_file():  # what `docker compose up` hands its containers from this checkout
+        checked.append((compose, check_mounts(compose)))
+    failed = 0
+    for what, problems in checked:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            failed += 1
+            print(f"{len(problems)} problem(s) in {what}", file=sys.stderr)
+        else:
+            print(f"{what}: ok")
+    return 1 if failed else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
