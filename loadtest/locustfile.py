@@ -5,7 +5,8 @@
 Options (command line, locust.conf, LOCUST_<NAME> variables, and the web UI's form):
 `--model` classifier | pipeline | classify, `--user-type` http_json | http_binary | grpc,
 `--rows` 1-64 | mix, `--shape` step | spike | soak (empty: constant load), `--grpc-host`
-(default: the --host's name on `--grpc-port`, 8001), `--labels-file`. Gates (`--max-p99-ms`,
+(default: the --host's name on `--grpc-port`, 8001), `--labels-file`, `--api-key-file` (the
+gateway's key, for a gateway published beyond loopback). Gates (`--max-p99-ms`,
 `--max-fail-ratio`) are in gates.py, the Prometheus exporter in exporter.py.
 
 The user type and the shape are options rather than Locust's user-class arguments and one
@@ -29,6 +30,7 @@ from users import (
     HttpBinaryUser,
     HttpJsonUser,
     parse_rows,
+    read_api_key,
     read_labels,
 )
 
@@ -71,6 +73,10 @@ def add_arguments(parser) -> None:
         "--labels-file", default=str(DEFAULT_LABELS_FILE), env_var="LOCUST_LABELS_FILE",
         include_in_web_ui=False, help="the class labels responses must come from",
     )  # fmt: skip
+    parser.add_argument(
+        "--api-key-file", default="", env_var="LOCUST_API_KEY_FILE", include_in_web_ui=False,
+        help="file with the gateway's API key, sent as Authorization: Bearer (empty: none)",
+    )  # fmt: skip
 
 
 @events.init.add_listener
@@ -82,6 +88,7 @@ def check_options(environment, **_kwargs) -> None:
     try:
         parse_rows(options.rows)
         read_labels(options.labels_file)
+        read_api_key(options.api_key_file)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None  # one line, exit code 1, no traceback
 

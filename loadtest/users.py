@@ -73,20 +73,34 @@ def parse_rows(value: str) -> tuple[tuple[int, float], ...]:
     return ((rows, 1.0),)
 
 
+def read_option_file(path: str, what: str, fix: str) -> str:
+    """The text of the file an option names; a ValueError saying which option, and how to fix."""
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} {path} ({exc.strerror}); {fix}") from None
+
+
 @functools.cache
 def read_labels(path: str) -> tuple[str, ...]:
     """The class labels, one per line in class order (model_repository/postprocess/labels.txt)."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(
-            f"cannot read the labels file {path} ({exc.strerror}); set --labels-file or "
-            "LOCUST_LABELS_FILE to model_repository/postprocess/labels.txt"
-        ) from None
-    labels = tuple(line for line in lines if line)
+    fix = "set --labels-file or LOCUST_LABELS_FILE to model_repository/postprocess/labels.txt"
+    labels = tuple(line for line in read_option_file(path, "labels file", fix).splitlines() if line)
     if len(labels) != 2:
         raise ValueError(f"{path}: expected 2 labels, one per line, found {len(labels)}")
     return labels
+
+
+@functools.cache
+def read_api_key(path: str) -> str:
+    """The gateway API key in the file `path` (its only line), or "" when no file is named."""
+    if not path:
+        return ""
+    fix = "set --api-key-file or LOCUST_API_KEY_FILE to a file holding the key, or leave it empty"
+    key = read_option_file(path, "API key file", fix).strip()
+    if not key or len(key.split()) != 1:
+        raise ValueError(f"{path}: expected one API key on one line")
+    return key
 
 
 def check_outputs(
@@ -152,6 +166,9 @@ class TritonUser(User):
         options = self.environment.parsed_options
         self.model = options.model
         self.labels = read_labels(options.labels_file)
+        key = read_api_key(options.api_key_file)
+        #: Sent on every request; the gateway asks for a key only beyond loopback.
+        self.auth = {"authorization": f"Bearer {key}"} if key else {}
         choices = parse_rows(options.rows)
         self.rows_choices = [rows for rows, _ in choices]
         self.rows_weights = [weight for _, weight in choices]
@@ -198,7 +215,7 @@ class TritonHttpUser(TritonUser, FastHttpUser):
         with self.client.post(
             f"/v2/models/{self.model}/infer",
             data=body,
-            headers=headers,
+            headers={**headers, **self.auth},
             name=self.request_name(rows),
             catch_response=True,
         ) as response:
@@ -319,7 +336,7 @@ class GrpcUser(TritonUser):
         start = time.perf_counter()
         try:
             result = self.grpc.infer(
-                self.model, [tensor], outputs=outputs, client_timeout=TIMEOUT_S
+                self.model, [tensor], outputs=outputs, headers=self.auth, client_timeout=TIMEOUT_S
             )
         except Exception as exc:  # InferenceServerException: status, deadline, connection
             result, exception = None, exc

@@ -9,6 +9,11 @@
 # it) with mode 0400, its directory 0711 (reachable, not listable). An existing secret is never
 # regenerated, so restarts keep passwords and keys stable.
 #
+# TRITONSTACK_KEY_MAP (optional), <file>:<uid>: the gateway's map of API keys, rewritten by every
+# `generate` from the secrets whose file name ends in `-api-key`: one `<key> <client>` line each,
+# the client being the name before `-api-key` (client-api-key -> client), so the gateway knows
+# each caller's key while every caller reads only its own file.
+#
 # POSIX sh and busybox tools only: it runs in the busybox image (docker-compose.yml) and here in
 # tests/unit/test_compose.py.
 set -eu
@@ -65,6 +70,28 @@ generate() {
   chmod 0400 "$file"
 }
 
+# write_key_map FILE UID: `<key> <client>` for each *-api-key secret, owned by UID, mode 0400.
+write_key_map() {
+  map=$1 owner=$2
+  tmp="$map.tmp.$$"
+  (
+    umask 077
+    : >"$tmp"
+    for entry in $TRITONSTACK_SECRETS; do
+      file=${entry%%:*}
+      case $(basename "$file") in
+        *-api-key) printf '%s %s\n' "$(cat "$file")" "$(basename "$file" -api-key)" >>"$tmp" ;;
+      esac
+    done
+  )
+  mv -f "$tmp" "$map"
+  if [ "$(id -u)" = 0 ]; then
+    chown "$owner" "$map"
+  fi
+  chmod 0400 "$map"
+  echo "secrets: $(basename "$map") written ($(wc -l <"$map" | tr -d ' ') keys)"
+}
+
 for entry in $TRITONSTACK_SECRETS; do
   file=${entry%%:*}
   rest=${entry#*:}
@@ -89,3 +116,15 @@ for entry in $TRITONSTACK_SECRETS; do
     *) usage ;;
   esac
 done
+
+if [ "$1" = generate ] && [ -n "${TRITONSTACK_KEY_MAP:-}" ]; then
+  map=${TRITONSTACK_KEY_MAP%%:*}
+  owner=${TRITONSTACK_KEY_MAP#*:}
+  case $owner in
+    "" | *[!0-9]*)
+      echo "secrets: TRITONSTACK_KEY_MAP=$TRITONSTACK_KEY_MAP: expected <file>:<uid>" >&2
+      exit 2
+      ;;
+  esac
+  write_key_map "$map" "$owner"
+fi

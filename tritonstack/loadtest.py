@@ -86,6 +86,7 @@ def locust_command(
     shape: str | None,
     max_p99_ms: float | None,
     max_fail_ratio: float | None,
+    api_key_file: Path | None = None,
 ) -> list[str]:
     command = [
         sys.executable, "-m", "locust",
@@ -102,6 +103,8 @@ def locust_command(
         "--verdict-file", str(results_dir / "verdict.json"),
         "--metrics-snapshot", str(results_dir / "exporter.prom"),
     ]  # fmt: skip
+    if api_key_file is not None:
+        command += ["--api-key-file", str(Path(api_key_file).resolve())]
     if max_p99_ms is not None:
         command += ["--max-p99-ms", f"{max_p99_ms:g}"]
     if max_fail_ratio is not None:
@@ -124,6 +127,7 @@ def run_headless(
     shape: str | None = None,
     max_p99_ms: float | None = None,
     max_fail_ratio: float | None = None,
+    api_key_file: Path | None = None,
 ) -> LoadtestResult:
     """Run Locust headless against a running Triton and return its totals.
 
@@ -152,6 +156,7 @@ def run_headless(
         shape=shape,
         max_p99_ms=max_p99_ms,
         max_fail_ratio=max_fail_ratio,
+        api_key_file=api_key_file,
     )
     log = results_dir / "locust.log"
     with open(log, "wb") as output:
@@ -218,13 +223,32 @@ def check_rows(value: str) -> str:
     return value
 
 
-def check_reachable(http_url: str, model: str) -> None:
+def read_api_key(path: Path | None) -> str | None:
+    """The key in an API key file (one line), checked before the run rather than per request."""
+    if path is None:
+        return None
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as exc:
+        raise UserError(f"--api-key-file {path}: {exc.strerror}") from None
+    if not key or len(key.split()) != 1:
+        raise UserError(f"--api-key-file {path}: expected one API key on one line")
+    return key
+
+
+def check_reachable(http_url: str, model: str, api_key: str | None = None) -> None:
     """One clear line instead of a run where every request fails to connect."""
     url = f"http://{http_url.removeprefix('http://')}/v2/models/{model}/ready"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url, timeout=5):
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5):
             return
     except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise UserError(
+                f"the gateway at {http_url} wants an API key: pass --api-key-file FILE"
+                + (" (this one was refused)" if api_key else "")
+            ) from None
         raise UserError(f"model {model!r} is not ready at {http_url} (HTTP {exc.code})") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -251,6 +275,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--grpc-host",
         default=None,
         help=f"Triton gRPC host:port (default: --host's name, :{GRPC_PORT})",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="the gateway's API key (one line), for a gateway published beyond loopback",
     )
     parser.add_argument("--max-p99-ms", type=float, default=None, help="gate: p99 latency")
     parser.add_argument(
@@ -280,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     host = args.host.removeprefix("http://")
     grpc_host = args.grpc_host or f"{host.rsplit(':', 1)[0]}:{GRPC_PORT}"
     results = args.results or Path("results") / time.strftime("loadtest-%Y%m%d-%H%M%S")
-    check_reachable(host, args.model)
+    check_reachable(host, args.model, read_api_key(args.api_key_file))
     print(
         f"loadtest: {args.model}, {args.user_type}, {args.users} users, rows {rows}, "
         f"{args.shape or 'constant'} for {duration_s:g} s against {host}",
@@ -300,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
         shape=args.shape,
         max_p99_ms=args.max_p99_ms,
         max_fail_ratio=args.max_fail_ratio,
+        api_key_file=args.api_key_file,
     )
     print(result.summary(), flush=True)
     if result.gate_failures:

@@ -59,3 +59,17 @@ def render(
         job.pop("dns_sd_configs", None)
         job["static_configs"] = [{"targets": targets[name]}] if targets[name] else []
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def render_blackbox(
+    api_key_file: Path | None, source: Path = PROMETHEUS_DIR / "blackbox.yml"
+) -> str:
+    """prometheus/blackbox.yml with the deep probe's API key read from `api_key_file` instead of
+    compose's secrets volume (None: the probe sends no key, for a gateway that asks for none)."""
+    config = yaml.safe_load(source.read_text())
+    http = config["modules"]["triton_pipeline"]["http"]
+    if api_key_file is None:
+        http.pop("authorization", None)
+    else:
+        http["authorization"]["credentials_file"] = str(Path(api_key_file).resolve())
+    return yaml.safe_dump(config, sort_keys=False)

@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import ROOT, embeddings, require_tool
+from tests.support import embeddings, require_tool
 from tritonstack.cli import main as cli_main
 from tritonstack.client import infer
 from tritonstack.contract import MODEL_OUTPUTS
@@ -419,37 +419,6 @@ def test_the_example_keys_file_is_what_the_gateway_reads():
     }
 
 
-def test_compose_generated_key_guards_a_gateway_published_beyond_loopback(triton, tmp_path):
-    """`docker compose up` with GATEWAY_BIND beyond loopback and no keys file: the key that
-    compose's `secrets` service generated (scripts/secrets.sh, run for real) is required; on
-    loopback the same file is ignored and inference needs no key."""
-    require_tool("haproxy")
-    key_file = tmp_path / "secrets" / "gateway-api-key"
-    spec = f"{key_file}:{os.getuid()}:GATEWAY_API_KEY"
-    environment = {"PATH": "/usr/bin:/bin", "TRITONSTACK_SECRETS": spec}
-    script = ROOT / "scripts" / "secrets.sh"
-    generated = subprocess.run(
-        ["/bin/sh", str(script), "generate"], env=environment, capture_output=True, text=True
-    )
-    assert generated.returncode == 0, generated.stderr
-    key = key_file.read_text().strip()
-    path, body = "/v2/models/pipeline/infer", infer_body([1, 128])
-    for published, needs_key in (("192.0.2.10", True), ("127.0.0.1", False)):
-
-        class ComposeGateway(Gateway):
-            def environment(self) -> dict[str, str]:  # what compose's `gateway` service sets
-                env = super().environment()
-                env["GATEWAY_PUBLISH_ADDRESS"] = published  # noqa: B023
-                env["GATEWAY_GENERATED_API_KEYS"] = str(key_file)
-                return env
-
-        with ComposeGateway.for_triton(triton, **gateway_ports()) as gateway:
-            anonymous = call(gateway.http_url, "POST", path, body)[0]
-            keyed = call(gateway.http_url, "POST", path, body, {"Authorization": f"Bearer {key}"})
-            assert keyed[0] == 200, (published, keyed)
-            assert anonymous == (401 if needs_key else 200), published
-
-
 def test_soft_stop_answers_a_request_on_an_idle_keep_alive_connection(triton):
     """A stop must not close a keep-alive connection under a client that is sending on it:
     after SIGUSR1 the idle connection's next request is answered, with `Connection: close`
@@ -471,3 +440,29 @@ def test_soft_stop_answers_a_request_on_an_idle_keep_alive_connection(triton):
         connection.close()
         assert last.status == 200
         assert last.getheader("connection", "").lower() == "close"
+
+
+def test_runtime_socket_hands_out_no_listening_sockets(triton):
+    """`_getsocks` passes the listeners' file descriptors to whoever holds the runtime socket
+    when it has `expose-fd listeners`; master-worker mode (the compose image) does not need
+    that, and the native gateway never reloads that way, so nothing is handed out."""
+    import array
+    import socket
+
+    require_tool("haproxy")
+    with Gateway.for_triton(triton, **gateway_ports()) as gateway:
+        with socket.socket(socket.AF_UNIX) as runtime:
+            runtime.connect(str(gateway.runtime_socket))
+            runtime.settimeout(2)
+            runtime.sendall(b"_getsocks\n")
+            data, descriptors = b"", array.array("i")
+            while True:
+                message, ancillary, _, _ = runtime.recvmsg(65536, socket.CMSG_SPACE(64 * 4))
+                if not message and not ancillary:
+                    break
+                data += message
+                for _, _, payload in ancillary:
+                    descriptors.frombytes(payload[: len(payload) - len(payload) % 4])
+        for descriptor in descriptors:
+            os.close(descriptor)
+        assert len(descriptors) == 0 and data == b""

@@ -36,7 +36,7 @@ from tests.support import REPOSITORY, embeddings, require_tool
 from tritonstack import dashboards, processes
 from tritonstack.gateway import Gateway
 from tritonstack.metrics import scrape
-from tritonstack.promconfig import PROMETHEUS_DIR, render
+from tritonstack.promconfig import PROMETHEUS_DIR, render, render_blackbox
 from tritonstack.runtime import EmbeddedTriton, free_ports
 
 LOAD_SECONDS = 30  # Locust's run; Prometheus is polled while it runs
@@ -226,15 +226,18 @@ def prometheus(
 
 
 @contextlib.contextmanager
-def blackbox_exporter(tmp: Path):
-    """Debian's blackbox_exporter with the project's prometheus/blackbox.yml; yields host:port."""
+def blackbox_exporter(tmp: Path, api_key_file: Path | None = None):
+    """Debian's blackbox_exporter with the project's prometheus/blackbox.yml, the probe's key
+    read from `api_key_file` (None: no key); yields host:port."""
     binary = require_tool("prometheus-blackbox-exporter")
     (port,) = free_ports(1)
+    config = tmp / "blackbox.yml"
+    config.write_text(render_blackbox(api_key_file))
     log = open(tmp / "blackbox.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [
             binary,
-            f"--config.file={PROMETHEUS_DIR / 'blackbox.yml'}",
+            f"--config.file={config}",
             f"--web.listen-address=127.0.0.1:{port}",
         ],
         stdout=log,

@@ -234,10 +234,18 @@ def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict
     generated = {
         entry.split(":")[0] for entry in secrets["environment"]["TRITONSTACK_SECRETS"].split()
     }
-    gateway_key = gpu["services"]["gateway"]["environment"]["GATEWAY_GENERATED_API_KEYS"]
-    assert generated == {secret_file, key_file, gateway_key}
+    key_map = gpu["services"]["gateway"]["environment"]["GATEWAY_GENERATED_API_KEYS"]
+    assert secrets["environment"]["TRITONSTACK_KEY_MAP"].split(":")[0] == key_map
+    # Each caller of a gateway published beyond loopback reads its own generated key.
+    probe_key = yaml.safe_load((ROOT / "prometheus" / "blackbox.yml").read_text())["modules"][
+        "triton_pipeline"
+    ]["http"]["authorization"]["credentials_file"]
+    locust_key = gpu["services"]["locust-master"]["environment"]["LOCUST_API_KEY_FILE"]
+    assert gpu["services"]["locust-worker"]["environment"]["LOCUST_API_KEY_FILE"] == locust_key
+    client_key = "/run/secrets/tritonstack/client-api-key"  # yours: `secrets show` prints it
+    assert generated == {secret_file, key_file, client_key, probe_key, locust_key}
     assert secrets["environment"]["GRAFANA_ADMIN_PASSWORD"] == ""  # empty: generate one
-    for name in ("grafana", "triton", "gateway"):
+    for name in ("grafana", "triton", "gateway", "blackbox", "locust-master", "locust-worker"):
         service = gpu["services"][name]
         assert service["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
         assert "secrets:/run/secrets/tritonstack:ro" in service["volumes"]
