@@ -193,3 +193,18 @@ def test_every_cve_in_the_security_table_is_fixed_by_the_pinned_release() -> Non
     assert max((int(m[1]), int(m[2])) for m in fixed) <= (int(pinned[1]), int(pinned[2]))
     for cve in ("CVE-2025-23310", "CVE-2025-23316", "CVE-2026-24207", "CVE-2026-47627"):
         assert cve in section  # the critical ones the issue names
+
+
+def test_the_gpu_configuration_asks_no_precision_the_images_tensorrt_cannot_give() -> None:
+    """docs/versions.md says 26.07 ships TensorRT 11, whose networks are strongly typed: a
+    precision request to ONNX Runtime's TensorRT accelerator is then at best a no-op, and a
+    trtexec precision flag a failed start. The entrypoint reads trtexec's flags instead
+    (tests/unit/test_entrypoint_cache.py); the configuration must not ask for one."""
+    versions = (ROOT / "docs" / "versions.md").read_text()
+    section = versions.split("## TensorRT\n", 1)[1].split("\n## ", 1)[0]
+    assert "**TensorRT 11**" in section
+    for config in REPOSITORY.glob("*/configs/gpu.pbtxt"):
+        text = re.sub(r"#.*", "", config.read_text())
+        assert "precision_mode" not in text, config
+    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
+    assert "build+=(--fp16)" not in entrypoint  # never unconditional again
