@@ -44,6 +44,18 @@ JSON_BYTES_PER_NUMBER = 26
 ENVELOPE_BYTES = 4096
 #: HAProxy's default request buffer; raised only when the body cap needs more.
 MIN_BUFSIZE = 262144
+#: `-dMglobal`: keep freed buffers in HAProxy's global pool. With glibc (Debian's build) HAProxy
+#: leaves that pool off and returns each freed request buffer (tune.bufsize, 256 kB here) to
+#: malloc, which trims and regrows the heap for every request: strace counted 1.5 brk() and 0.3
+#: madvise() calls per request without it, none with it. musl builds (the alpine image) keep
+#: the pool on by default, so compose and Kubernetes pass the flag to the same effect.
+HAPROXY_FLAGS = ("-dMglobal",)
+#: How long a soft stop may take: haproxy.cfg's hard-stop-after (a test holds them equal).
+SOFT_STOP_SECONDS = 15
+#: Room for a binary request's JSON header (tritonclient's is about 200 bytes) beside its tensor.
+BINARY_HEADER_BYTES = 8192
+#: Bytes of one FP32 value in a binary tensor.
+FP32_BYTES = 4
 
 
 def haproxy_binary(option: str | None = None) -> str:
@@ -72,9 +84,50 @@ class Limits:
         return self.max_rows * self.features * JSON_BYTES_PER_NUMBER + ENVELOPE_BYTES
 
     @property
+    def max_binary_body(self) -> int:
+        return self.max_rows * self.features * FP32_BYTES + BINARY_HEADER_BYTES
+
+    @property
     def bufsize(self) -> int:
-        # A whole body plus headers must fit one buffer for the shape check to see it.
+        # A whole body plus headers must fit one buffer for the format check to see it.
         return max(MIN_BUFSIZE, self.max_body + 16384)
+
+    @property
+    def rows_pattern(self) -> str:
+        """1 to max_rows as a regular expression alternation without leading zeros."""
+        return number_range_pattern(self.max_rows)
+
+    def environment(self) -> dict[str, str]:
+        """The request limits gateway/haproxy.cfg reads, as every runtime passes them."""
+        return {
+            "GATEWAY_MODELS": "|".join(self.models),
+            "GATEWAY_MAX_ROWS": str(self.max_rows),
+            "GATEWAY_ROWS_PATTERN": self.rows_pattern,
+            "GATEWAY_FEATURES": str(self.features),
+            "GATEWAY_MAX_BODY": str(self.max_body),
+            "GATEWAY_MAX_BINARY_BODY": str(self.max_binary_body),
+            "GATEWAY_BUFSIZE": str(self.bufsize),
+        }
+
+
+def number_range_pattern(highest: int) -> str:
+    """A regex alternation matching the decimal integers 1..highest, written without leading
+    zeros, longest alternatives first: 64 -> "64|[1-5][0-9]|6[0-3]|[1-9]"."""
+    if highest < 1:
+        raise ValueError(f"no integers from 1 to {highest}")
+    digits = str(highest)
+    parts = []
+    # Numbers as long as `highest`: its prefix, then a smaller digit, then any digits.
+    for i, digit in enumerate(digits):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            smaller = f"[{low}-{int(digit) - 1}]" if int(digit) - 1 > low else str(low)
+            parts.append(digits[:i] + smaller + "[0-9]" * (len(digits) - i - 1))
+    parts.insert(0, digits)
+    # Every shorter length in full.
+    for length in range(len(digits) - 1, 0, -1):
+        parts.append("[1-9]" + "[0-9]" * (length - 1))
+    return "|".join(parts)
 
 
 def limits(repository: Path = DEFAULT_MODEL_REPOSITORY) -> Limits:
@@ -166,11 +219,7 @@ class Gateway(processes.Endpoints):
             GATEWAY_MAXCONN=str(self.maxconn),
             GATEWAY_QUEUE_PER_REPLICA=str(self.queue_per_replica),
             GATEWAY_QUEUE_TIMEOUT=f"{self.queue_timeout_ms}ms",
-            GATEWAY_MODELS="|".join(lim.models),
-            GATEWAY_MAX_ROWS=str(lim.max_rows),
-            GATEWAY_FEATURES=str(lim.features),
-            GATEWAY_MAX_BODY=str(lim.max_body),
-            GATEWAY_BUFSIZE=str(lim.bufsize),
+            **lim.environment(),
             TRITON_HOST=self.triton_host,
             TRITON_HTTP_PORT=str(self.triton_http_port),
             TRITON_GRPC_PORT=str(self.triton_grpc_port),
@@ -190,7 +239,9 @@ class Gateway(processes.Endpoints):
         if self.log_path is None:
             self.log_path = self._run_dir / "haproxy.log"
         self.process = processes.spawn(
-            [binary, "-db", "-f", str(self.config)], self.log_path, env=self.environment()
+            [binary, "-db", *HAPROXY_FLAGS, "-f", str(self.config)],
+            self.log_path,
+            env=self.environment(),
         )
         try:
             self._wait_ready(timeout)
@@ -277,7 +328,7 @@ class Gateway(processes.Endpoints):
             raise UserError(f"haproxy refused `commit map`: {answer}")
         return len(entries)
 
-    def stop(self, grace: float = 35.0) -> int | None:
+    def stop(self, grace: float = SOFT_STOP_SECONDS + 5) -> int | None:
         """Soft stop (SIGUSR1: stop accepting, finish in-flight requests, exit) for up to `grace`
         seconds, then kill what is left; remove the run directory."""
         code = None

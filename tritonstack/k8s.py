@@ -145,11 +145,7 @@ def gateway_env() -> dict[str, str]:
         "GATEWAY_MAXCONN": str(gateway.MAXCONN),
         "GATEWAY_QUEUE_PER_REPLICA": str(gateway.QUEUE_PER_REPLICA),
         "GATEWAY_QUEUE_TIMEOUT": f"{gateway.QUEUE_TIMEOUT_MS}ms",
-        "GATEWAY_MODELS": "|".join(limits.models),
-        "GATEWAY_MAX_ROWS": str(limits.max_rows),
-        "GATEWAY_FEATURES": str(limits.features),
-        "GATEWAY_MAX_BODY": str(limits.max_body),
-        "GATEWAY_BUFSIZE": str(limits.bufsize),
+        **limits.environment(),
     }
 
 

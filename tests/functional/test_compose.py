@@ -102,19 +102,15 @@ def gpu(tmp_path_factory) -> dict:
 
 
 def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) -> None:
-    from tritonstack.gateway import limits
+    from tritonstack.gateway import HAPROXY_FLAGS, SOFT_STOP_SECONDS, limits
 
     gateway = gpu["services"]["gateway"]
     assert re.fullmatch(r"haproxy:3\.\d+\.\d+-alpine", gateway["image"]), gateway["image"]
     assert "./gateway:/usr/local/etc/haproxy:ro" in COMPOSE.read_text()
     assert gateway["volumes"][0].split(":")[0] == str(ROOT / "gateway")
     env = gateway["environment"]
-    expected = limits(REPOSITORY)
-    assert env["GATEWAY_MODELS"].split("|") == list(expected.models)
-    assert int(env["GATEWAY_MAX_ROWS"]) == expected.max_rows
-    assert int(env["GATEWAY_FEATURES"]) == expected.features
-    assert int(env["GATEWAY_MAX_BODY"]) == expected.max_body
-    assert int(env["GATEWAY_BUFSIZE"]) == expected.bufsize
+    expected = limits(REPOSITORY).environment()
+    assert {key: str(env[key]) for key in expected} == expected
     # Replicas by DNS, on the ports Triton exposes on the compose network.
     assert env["TRITON_DNS_NAME"] == "triton"
     triton = gpu["services"]["triton"]
@@ -124,7 +120,8 @@ def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) 
     # Soft stop drains in-flight requests; Triton stops after the gateway (it depends on Triton).
     assert gateway["stop_signal"] == "SIGUSR1"
     assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
-    assert _seconds(gateway["stop_grace_period"]) > 30  # hard-stop-after in the config
+    assert _seconds(gateway["stop_grace_period"]) > SOFT_STOP_SECONDS  # hard-stop-after
+    assert gateway["command"][:2] == ["haproxy", *HAPROXY_FLAGS]
     # HAProxy 2.6 parses the config with exactly the environment compose gives the container.
     checked = haproxy_check({k: str(v) for k, v in env.items()})
     assert checked.returncode == 0, checked.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import http.client
 import json
 import re
@@ -249,3 +250,69 @@ def test_sighup_reloads_the_api_keys_without_a_restart(tmp_path):
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=90)
     assert process.returncode == 0
+
+
+def keep_alive_outcomes(port: int, body: bytes, halt: threading.Event, outcomes: list) -> None:
+    """A pooled client: one connection, reused until the gateway says `Connection: close`, then
+    a new one, until the new one is refused (the gateway stopped listening)."""
+    connection = None
+    while not halt.is_set():
+        if connection is None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            connection.request("POST", "/v2/models/pipeline/infer", body=body)
+            response = connection.getresponse()
+            response.read()
+            outcomes.append(str(response.status))
+            if response.will_close:
+                connection.close()
+                connection = None
+        except (ConnectionRefusedError, ConnectionResetError):
+            outcomes.append("refused")  # a new connection the stopped gateway never accepted
+            return
+        except (http.client.RemoteDisconnected, BrokenPipeError):
+            outcomes.append("lost")  # sent, then closed without an answer
+            return
+
+
+@pytest.mark.parametrize("busy", [0, 8], ids=["idle clients only", "idle and busy clients"])
+def test_sigterm_exits_within_20_s_with_idle_keep_alive_clients(busy):
+    """Every pooled HTTP client (Locust, tritonclient) holds an idle keep-alive connection. A
+    stop closes those within the keep-alive timeout (5 s) instead of waiting for hard-stop-after
+    (it took 34.5 s when the gateway waited for each one's next request), answers what is in
+    flight, then stops Triton."""
+    process, ports = start_serve()
+    wait_for_line(process, "Ctrl-C stops the server")
+    body = json.dumps({"inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32",
+                                   "data": [0.25] * 128}]}).encode()  # fmt: skip
+    idle = []
+    for _ in range(3):
+        connection = http.client.HTTPConnection("127.0.0.1", ports[0], timeout=30)
+        connection.request("GET", "/v2/health/ready")
+        connection.getresponse().read()
+        idle.append(connection)
+    outcomes: list[str] = []
+    halt = threading.Event()
+    threads = [
+        threading.Thread(target=keep_alive_outcomes, args=(ports[0], body, halt, outcomes))
+        for _ in range(busy)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(2)
+    answered_before = outcomes.count("200")
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    seconds = time.monotonic() - started
+    halt.set()
+    for thread in threads:
+        thread.join(30)
+    print(f"\nstopped {seconds:.1f} s after SIGTERM; outcomes {collections.Counter(outcomes)}")
+    assert process.returncode == 0, output
+    assert seconds < 20, output
+    assert set(outcomes) <= {"200", "refused"}, collections.Counter(outcomes)
+    assert outcomes.count("200") >= answered_before
+    for connection in idle:  # closed by the gateway, not left to the client
+        assert connection.sock.recv(1) == b""
+        connection.close()
