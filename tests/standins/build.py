@@ -183,13 +183,13 @@ def _run(*command: str, env: dict[str, str] | None = None) -> None:
         )
 
 
-def docker_environment() -> dict[str, str]:
+def docker_environment(host: str | None = None) -> dict[str, str]:
     """The caller's environment for the docker CLI, refusing the machine's default engine.
 
     DOCKER_BUILDKIT=0: Debian's engine is 20.10 and a newer CLI on PATH has no buildx plugin
     here; the classic builder reads local images and needs nothing more.
     """
-    host = os.environ.get("DOCKER_HOST", "")
+    host = os.environ.get("DOCKER_HOST", "") if host is None else host
     socket = os.path.realpath(host.removeprefix("unix://")) if host.startswith("unix://") else ""
     if not host or socket in {os.path.realpath(s) for s in DEFAULT_SOCKETS}:
         raise SystemExit(
@@ -197,7 +197,7 @@ def docker_environment() -> dict[str, str]:
             f"{host or 'the default socket'}: the stand-ins carry official image names and "
             "must never replace those in a developer's own engine"
         )
-    return {**os.environ, "DOCKER_BUILDKIT": "0"}
+    return {**os.environ, "DOCKER_HOST": host, "DOCKER_BUILDKIT": "0"}
 
 
 def _context(standin: Standin, wheels: Path | None, scratch: Path) -> Path:
@@ -216,9 +216,9 @@ def _context(standin: Standin, wheels: Path | None, scratch: Path) -> Path:
     return context
 
 
-def build(log: Callable[[str], None] = print) -> dict[str, float]:
-    """Build every stand-in into DOCKER_HOST's engine; seconds per step."""
-    env = docker_environment()
+def build(host: str | None = None, log: Callable[[str], None] = print) -> dict[str, float]:
+    """Build every stand-in into the engine at `host` (default DOCKER_HOST); seconds per step."""
+    env = docker_environment(host)
     timings: dict[str, float] = {}
     started = time.monotonic()
     tarball = rootfs_tarball(log)
