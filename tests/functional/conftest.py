@@ -58,18 +58,21 @@ def reference():
 COMPOSE_TIMINGS: dict[str, float] = {}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_engine():
     """A private Docker engine with every stand-in image built into it (tests/standins/).
 
-    Started for the session and removed with everything in it afterwards; the machine's own
-    engine, if it has one, is never used. Fails in CI when a tool is missing (.ci/run installs
-    them), skips on a laptop without them.
+    Started for the module that uses it and removed with everything in it afterwards, so the
+    rest of the suite runs without it (and its timings are the compose part's alone); the
+    machine's own engine, if it has one, is never used. Fails in CI when a tool is missing
+    (.ci/run installs them), skips on a laptop without them.
     """
     missing = missing_tools()
     if missing:
         message = f"not installed: {', '.join(missing)} (.ci/run installs them)"
-        pytest.fail(message) if IN_CI else pytest.skip(message)
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
     started = time.monotonic()
     with PrivateEngine() as engine:
         COMPOSE_TIMINGS["private engine started"] = time.monotonic() - started
