@@ -4,10 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help venv generate lint format test test-unit check serve clean
+.PHONY: help venv generate lint format test test-unit check serve standin-images clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
 venv: $(VENV)/.installed ## create .venv with the package and its test extras
 
@@ -25,8 +25,8 @@ generate: venv ## regenerate committed files: dashboards JSON, Kubernetes copies
 lint: venv ## ruff, hadolint, shellcheck, yamllint, promtool, haproxy -c, compose config (the CPU overlay uses Compose v2 tags: tests/unit/test_compose.py merges it)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/hadolint Dockerfile.triton Dockerfile.locust
-	$(BIN)/shellcheck scripts/*.sh bench/*.sh
+	$(BIN)/hadolint Dockerfile.triton Dockerfile.locust tests/standins/*/Dockerfile
+	$(BIN)/shellcheck scripts/*.sh bench/*.sh tests/standins/*/*.sh tests/standins/tritonserver/tritonserver
 	$(BIN)/yamllint .
 	promtool check rules prometheus/rules/*.yml
 	PATH="$$PATH:/usr/sbin" haproxy -c -f gateway/haproxy.cfg
@@ -47,6 +47,9 @@ check: venv ## validate model_repository/ against Triton's schema and the ONNX f
 
 serve: venv ## the gateway on 127.0.0.1:8000/8001, the real Triton (CPU) behind it
 	$(BIN)/tritonstack serve
+
+standin-images: venv ## build the stand-in images (tests/standins/) into the private engine DOCKER_HOST names; refuses the default one
+	$(BIN)/python -m tests.standins.build
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

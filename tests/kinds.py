@@ -27,8 +27,11 @@ SERVER_PROGRAMS = frozenset(
         "locust",
         "uvicorn",
         "mlserver",
+        "dockerd",
     }
 )
+#: docker subcommands that start containers (`docker compose up`, `docker run`, ...).
+DOCKER_STARTS = frozenset({"up", "run", "start", "restart", "create"})
 #: `tritonstack` subcommands that do nothing but start servers. (bench, loadtest and soak start
 #: them in-process, where the programs above are seen; their argument errors start nothing.)
 SERVING_SUBCOMMANDS = frozenset({"serve", "up"})
@@ -58,6 +61,13 @@ def server_command(args: Sequence[object]) -> str | None:
         return program
     if program == "tritonstack" and len(words) > 1 and words[1] in SERVING_SUBCOMMANDS:
         return f"tritonstack {words[1]}"
+    if program == "docker":
+        # `docker compose [options] up ...` or `docker run ...`: any word after `compose` may
+        # be the subcommand (its options take values), the first one for docker itself.
+        if words[1:2] == ["compose"] and DOCKER_STARTS & set(words[2:]):
+            return "docker compose"
+        if words[1:2] in (["run"], ["start"]):
+            return f"docker {words[1]}"
     return None
 
 

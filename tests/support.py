@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -30,3 +31,11 @@ def require_tool(name: str) -> str:
 def embeddings(rows: int, seed: int = 0) -> np.ndarray:
     """`rows` random embeddings of the model contract's width, the same for the same seed."""
     return np.random.default_rng(seed).standard_normal((rows, contract.FEATURES)).astype(np.float32)
+
+
+def compose_seconds(duration: str) -> float:
+    """A compose duration (1m30s, 30s, 500ms) in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)

@@ -1,13 +1,18 @@
 """Fixtures of the functional tests: one real tritonserver per session, on free loopback ports,
-the real HAProxy gateway in front of it, and the ONNX model run directly as the reference."""
+the real HAProxy gateway in front of it, the ONNX model run directly as the reference, and a
+private Docker engine holding the stand-in images for the compose stack's tests."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.support import REPOSITORY, require_tool
+from tests.standins.build import build as build_standins
+from tests.standins.engine import PrivateEngine, missing_tools
+from tests.support import IN_CI, REPOSITORY, require_tool
 from tritonstack import contract
 from tritonstack.gateway import Gateway
 from tritonstack.runtime import EmbeddedTriton, free_ports
@@ -47,3 +52,43 @@ def reference():
         return probabilities, labels[probabilities.argmax(axis=1)]
 
     return run
+
+
+#: Seconds the compose part of the session took, by step; printed at the end of the run.
+COMPOSE_TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def docker_engine():
+    """A private Docker engine with every stand-in image built into it (tests/standins/).
+
+    Started for the module that uses it and removed with everything in it afterwards, so the
+    rest of the suite runs without it (and its timings are the compose part's alone); the
+    machine's own engine, if it has one, is never used. Fails in CI when a tool is missing
+    (.ci/run installs them), skips on a laptop without them.
+    """
+    missing = missing_tools()
+    if missing:
+        message = f"not installed: {', '.join(missing)} (.ci/run installs them)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    started = time.monotonic()
+    with PrivateEngine() as engine:
+        COMPOSE_TIMINGS["private engine started"] = time.monotonic() - started
+        built = time.monotonic()
+        steps = build_standins(engine.host, log=lambda line: None)
+        COMPOSE_TIMINGS["stand-in downloads (0 when cached)"] = steps["downloads"]
+        COMPOSE_TIMINGS["stand-in images built"] = time.monotonic() - built - steps["downloads"]
+        yield engine
+        stopping = time.monotonic()
+    COMPOSE_TIMINGS["private engine stopped and removed"] = time.monotonic() - stopping
+    COMPOSE_TIMINGS["compose part in all"] = time.monotonic() - started
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The compose stack's timings (first and warm start to healthy, what the part adds)."""
+    if COMPOSE_TIMINGS:
+        terminalreporter.section("compose stack timings")
+        for step, seconds in COMPOSE_TIMINGS.items():
+            terminalreporter.write_line(f"{step}: {seconds:.0f} s")

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.support import REPOSITORY, ROOT, require_tool
+from tests.support import REPOSITORY, ROOT, compose_seconds, require_tool
 from tritonstack import contract
 from tritonstack.repository import iter_models
 
@@ -47,14 +47,6 @@ def _bytes(size: str | int) -> int:
     """Compose byte values: 256m, 1g, or a plain number."""
     number, unit = re.fullmatch(r"(\d+)([kmg]?)b?", str(size).lower()).groups()
     return int(number) * 1024 ** " kmg".index(unit or " ")
-
-
-def _seconds(duration: str) -> float:
-    """Compose durations: 1m30s, 30s, 500ms."""
-    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
-    assert parts and "".join(n + u for n, u in parts) == duration, duration
-    return sum(float(n) * units[u] for n, u in parts)
 
 
 def repo_files() -> list[Path]:
@@ -186,7 +178,7 @@ def test_gpu_variant_reserves_a_gpu_with_triton_limits(gpu: dict) -> None:
     assert _bytes(triton["shm_size"]) >= 256 * 2**20
     # No memlock: rootless Docker and LXC refuse to raise it (runc "setting rlimit type 8").
     assert triton["ulimits"] == {"stack": 67108864}
-    grace = _seconds(triton["stop_grace_period"])
+    grace = compose_seconds(triton["stop_grace_period"])
     assert int(triton["environment"]["TRITON_EXIT_TIMEOUT_SECS"]) < grace
     entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
     default = re.search(r"EXIT_TIMEOUT=\$\{TRITON_EXIT_TIMEOUT_SECS:-(\d+)\}", entrypoint)
@@ -316,12 +308,16 @@ def test_locally_built_images_are_never_pulled(gpu: dict) -> None:
     failed pull only when it can build: whoever registers tritonstack/* on a public registry
     would otherwise run on this host. `pull_policy: build` on every service that builds."""
     built = {name: s for name, s in gpu["services"].items() if "build" in s}
-    assert set(built) == {"triton", "locust-master", "locust-worker"}
+    assert set(built) == {"triton", "locust-master"}
     for name, service in built.items():
         assert service.get("pull_policy") == "build", name
+    # A service that shares a built image (locust-worker) never pulls it and builds nothing:
+    # two builds of one tag would race on every `up`.
+    images = {service["image"]: name for name, service in built.items()}
     for name, service in gpu["services"].items():
-        if service["image"].startswith("tritonstack/"):
-            assert name in built, name
+        if service["image"].startswith("tritonstack/") and name not in built:
+            assert service["image"] in images, name
+            assert service.get("pull_policy") == "never", name
 
 
 def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
@@ -460,11 +456,9 @@ def test_locust_talks_to_the_gateway_and_its_master(gpu: dict) -> None:
 def test_every_locust_service_reads_the_repositorys_labels(gpu: dict) -> None:
     """A Locust container sees only its mounts: LOCUST_LABELS_FILE must be where the model
     repository's labels file is mounted, or every answer fails validation."""
-    locusts = {
-        name: service
-        for name, service in gpu["services"].items()
-        if service.get("build", {}).get("dockerfile") == "Dockerfile.locust"
-    }
+    image = gpu["services"]["locust-master"]["image"]
+    assert gpu["services"]["locust-master"]["build"]["dockerfile"] == "Dockerfile.locust"
+    locusts = {name: s for name, s in gpu["services"].items() if s["image"] == image}
     assert set(locusts) == {"locust-master", "locust-worker"}
     for name, service in locusts.items():
         target = service["environment"]["LOCUST_LABELS_FILE"]
@@ -551,7 +545,9 @@ def test_dockerignore_lets_every_copy_source_through() -> None:
 
 
 def test_hadolint_dockerfiles() -> None:
-    result = run(tool("hadolint"), "Dockerfile.triton", "Dockerfile.locust")
+    standins = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/standins/*/Dockerfile"))
+    assert len(standins) == 6
+    result = run(tool("hadolint"), "Dockerfile.triton", "Dockerfile.locust", *standins)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

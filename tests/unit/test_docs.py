@@ -49,6 +49,7 @@ RUN_HERE = {
     "kubectl kustomize deploy/kubernetes/overlays/gpu": "repo",
 }
 
+STACK_TEST = "tests/functional/test_compose_stack.py"
 UP_TEST = (
     "tests/functional/test_up.py::test_up_serves_triton_prometheus_and_locust_and_sigint_stops_all"
 )
@@ -92,23 +93,33 @@ RUN_ELSEWHERE = {
     "locust -f loadtest/locustfile.py --config loadtest/locust.conf --host http://127.0.0.1:8000 "
     "--web-host 127.0.0.1": f"{UP_TEST}, which starts this web UI with the same files",
     "docker compose run --rm secrets show": (
+        f"{STACK_TEST}::test_generated_secrets_are_readable_by_exactly_their_readers, and "
         "tests/unit/test_compose.py::test_secrets_are_generated_once_private_and_printed_by_one_command"
+    ),
+    "docker compose -f docker-compose.yml -f compose.cpu.yml up -d --build": (
+        f"{STACK_TEST}::test_first_up_builds_each_image_once_and_every_service_is_healthy, with "
+        "--wait, a project name of its own and every service but Grafana, on stand-in images"
+    ),
+    "docker compose ps": f"{STACK_TEST} (its Compose.containers: `ps -a -q`, then inspect)",
+    "docker compose down": (
+        f"{STACK_TEST}::test_stop_under_load_loses_nothing_in_flight_and_start_keeps_the_secrets"
+    ),
+    "docker compose down -v": f"{STACK_TEST} (the stack fixture's teardown: `down --volumes`)",
+    "make standin-images": (
+        "tests/unit/test_standins.py::test_make_standin_images_runs_the_builder; the compose "
+        "stack's session fixture (tests/functional/conftest.py) runs the same builder"
     ),
 }
 
 #: Commands nothing here can run, and why. What can be checked without them is checked by the
 #: tests named in the reason.
 CANNOT_RUN_HERE = {
-    "docker compose up -d --build": "needs a Docker engine (and a GPU); tests/unit/test_compose.py "
-    "validates the files offline",
-    "docker compose -f docker-compose.yml -f compose.cpu.yml up -d --build": "needs a Docker "
-    "engine; tests/unit/test_compose.py::test_cpu_variant_drops_the_gpu_and_nothing_else",
-    "docker compose ps": "needs a Docker engine",
-    "docker compose logs -f triton": "needs a Docker engine; the log lines shown come from "
-    "scripts/entrypoint.sh, run with fakes by tests/unit/test_entrypoint.py",
-    "docker compose down": "needs a Docker engine",
-    "docker compose down -v": "needs a Docker engine",
-    "docker image rm tritonstack/triton:26.07 tritonstack/locust:2.47.0": "needs a Docker engine; "
+    "docker compose up -d --build": "needs a GPU; tests/unit/test_compose.py validates the GPU "
+    "file offline, and its CPU variant runs for real in tests/functional/test_compose_stack.py",
+    "docker compose logs -f triton": "follows the log until interrupted; the log lines shown come "
+    "from scripts/entrypoint.sh, run with fakes by tests/unit/test_entrypoint.py",
+    "docker image rm tritonstack/triton:26.07 tritonstack/locust:2.47.0": "not run: the tests' "
+    "private engine is removed with every image in it; "
     "tests/unit/test_compose.py::test_images_match_the_pinned_releases pins these tags",
     "docker compose --profile bench run --rm perf-analyzer": "needs a Docker engine and a GPU; "
     "tests/unit/test_compose.py::test_gpu_bench_profile_is_the_one_the_benchmark_docs_describe",

@@ -27,6 +27,11 @@ PYTHON = sys.executable
         (["/venv/bin/uvicorn", "app:app"], "uvicorn"),
         ([PYTHON, "-m", "tritonstack.cli", "serve", "--http-port", "0"], "tritonstack serve"),
         (["/venv/bin/tritonstack", "up"], "tritonstack up"),
+        (["/usr/sbin/dockerd", "--data-root=/tmp/d"], "dockerd"),
+        (["docker", "compose", "-p", "x", "-f", "a.yml", "up", "-d", "--wait"], "docker compose"),
+        (["docker", "run", "--rm", "busybox:1.37.0"], "docker run"),
+        (["docker", "compose", "config"], None),
+        (["docker", "image", "inspect", "busybox:1.37.0"], None),
         # printing help or checking a config is not serving; neither is a one-shot command
         (["/bin/tritonserver", "--help"], None),
         (["/usr/bin/prometheus-blackbox-exporter", "--config.check", "--config.file=b.yml"], None),

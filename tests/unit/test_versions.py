@@ -138,7 +138,8 @@ def used_images() -> set[str]:
     images = {
         service["image"]
         for service in compose["services"].values()
-        if "build" not in service  # built here: listed by their FROM
+        # built here (listed by their FROM), or sharing an image built here (locust-worker)
+        if "build" not in service and service.get("pull_policy") != "never"
     }
     for dockerfile in ("Dockerfile.triton", "Dockerfile.locust"):
         images |= set(re.findall(r"^FROM\s+(\S+)", (ROOT / dockerfile).read_text(), re.M))

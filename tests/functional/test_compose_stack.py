@@ -1,0 +1,607 @@
+"""`docker compose up` for real: the committed docker-compose.yml + compose.cpu.yml, unchanged,
+on a private Docker engine holding stand-ins for the official images (tests/standins/).
+
+One stack serves the whole module, every service but Grafana (no build of it is obtainable
+here); the tests talk to it only through the ports compose publishes on 127.0.0.1, as an
+operator would, and run in the order an operator's first hour goes: start, infer, read the
+secrets, look at Prometheus, run Locust, scale Triton and lose a replica, stop under load, start
+again, open the gateway beyond loopback. Later tests reconfigure the stack the earlier ones used.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+import yaml
+from tritonclient.utils import InferenceServerException
+
+from tests.functional.conftest import COMPOSE_TIMINGS
+from tests.support import ROOT, compose_seconds, embeddings
+from tritonstack.client import infer
+
+#: A cold start builds the stand-ins (debootstrap, wheels) before compose builds our images.
+pytestmark = pytest.mark.timeout(900)
+
+FILES = ("docker-compose.yml", "compose.cpu.yml")
+#: The services an operator brings up here: all but Grafana (no image is obtainable) and the
+#: GPU bench (a profile, perf_analyzer's SDK image).
+SERVICES = (
+    "secrets",
+    "triton",
+    "gateway",
+    "prometheus",
+    "blackbox",
+    "locust-master",
+    "locust-worker",
+)
+HTTP, GRPC = "127.0.0.1:8000", "127.0.0.1:8001"
+PROMETHEUS, LOCUST = "http://127.0.0.1:9090", "http://127.0.0.1:8089"
+#: What compose interpolates; a developer's shell must not change what the tests run.
+INTERPOLATED = ("GRAFANA_", "TRITON", "TRT_", "GATEWAY_", "COMPOSE_", "BENCH_", "LOCUST_")
+
+
+class Compose:
+    """`docker compose -f docker-compose.yml -f compose.cpu.yml` for one project in the engine."""
+
+    def __init__(self, engine, env_file: Path) -> None:
+        self.engine = engine
+        self.project = f"tst{os.getpid()}"
+        self.env_file = env_file
+
+    def command(self, *args: str) -> list[str]:
+        files = [arg for name in FILES for arg in ("-f", str(ROOT / name))]
+        return [
+            "docker",
+            "compose",
+            "--progress",
+            "plain",
+            "--project-name",
+            self.project,
+            "--project-directory",
+            str(ROOT),
+            "--env-file",
+            str(self.env_file),
+            *files,
+            *args,
+        ]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in self.engine.env.items() if not k.startswith(INTERPOLATED)}
+        return {**env, **extra}
+
+    def run(self, *args: str, check: bool = True, timeout: float = 600, **extra: str):
+        result = subprocess.run(
+            self.command(*args),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env(**extra),
+        )
+        if check and result.returncode:
+            logs = subprocess.run(
+                self.command("logs", "--no-color", "--tail", "40"),
+                capture_output=True,
+                text=True,
+                env=self.env(),
+            )
+            pytest.fail(
+                f"docker compose {' '.join(args)}: exit {result.returncode}\n"
+                f"{result.stderr[-3000:]}\n--- logs ---\n{logs.stdout[-6000:]}"
+            )
+        return result
+
+    def up(self, *flags: str, **extra: str) -> tuple[float, str]:
+        """`up -d --wait` (every service healthy or done); seconds it took and its output."""
+        started = time.monotonic()
+        result = self.run("up", "-d", "--wait", *flags, *SERVICES, **extra)
+        return time.monotonic() - started, result.stdout + result.stderr
+
+    def containers(self, service: str) -> list[dict]:
+        """`docker inspect` of the service's containers, by container number."""
+        ids = self.run("ps", "-a", "-q", service).stdout.split()
+        if not ids:
+            return []
+        found = json.loads(self.docker("inspect", *ids).stdout)
+        return sorted(
+            found, key=lambda c: int(c["Config"]["Labels"]["com.docker.compose.container-number"])
+        )
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["docker", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            env=self.engine.env,
+            timeout=120,
+        )
+
+    def exec(self, service: str, *command: str, index: int = 1) -> subprocess.CompletedProcess:
+        return self.run("exec", "-T", "--index", str(index), service, *command, check=False)
+
+    def secrets(self) -> dict[str, str]:
+        """What `docker compose run --rm secrets show` prints, by file name."""
+        shown = self.run("run", "--rm", "secrets", "show").stdout
+        return dict(line.split(": ", 1) for line in shown.splitlines() if ": " in line)
+
+
+@pytest.fixture(scope="module")
+def stack(docker_engine, tmp_path_factory):
+    """The stack as an operator starts it, from an engine that has only the stand-ins: built,
+    with two Locust workers, and waited on until every service is healthy."""
+    env_file = tmp_path_factory.mktemp("compose") / "empty.env"  # a fresh clone has no .env
+    env_file.write_text("")
+    compose = Compose(docker_engine, env_file)
+    seconds, output = compose.up("--build", "--scale", "locust-worker=2")
+    COMPOSE_TIMINGS["first start to healthy (compose builds our images)"] = seconds
+    compose.first_up = output
+    yield compose
+    compose.run("down", "--volumes", "--remove-orphans", check=False)
+
+
+def get(url: str, data: bytes | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def call(address: str, method: str, path: str, body: str = "", headers=None) -> tuple[int, str]:
+    host, port = address.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def query(expression: str) -> list[dict]:
+    parameters = urllib.parse.urlencode({"query": expression})
+    status, body = get(f"{PROMETHEUS}/api/v1/query?{parameters}")
+    assert status == 200, body
+    return json.loads(body)["data"]["result"]
+
+
+def eventually(check: Callable[[], object], timeout: float, what: str, interval: float = 2.0):
+    """check()'s first truthy result within `timeout` seconds, else a failure naming `what`."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (OSError, AssertionError, InferenceServerException, http.client.HTTPException) as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    pytest.fail(f"{what} within {timeout:.0f} s; last: {last!r}")
+
+
+ROW = json.dumps(
+    {
+        "inputs": [
+            {"name": "features", "shape": [1, 128], "datatype": "FP32", "data": [0.25] * 128}
+        ],
+        "outputs": [{"name": "label"}],
+    }
+)
+
+
+class Clients:
+    """`threads` clients each sending pipeline requests through the gateway on a fresh
+    connection, recording (start, end, outcome) per request; outcome is the HTTP status or the
+    error's name."""
+
+    def __init__(self, threads: int = 4, address: str = HTTP, headers=None) -> None:
+        self.address, self.headers = address, headers or {}
+        self.results: list[tuple[float, float, object]] = []
+        self.running = threading.Event()
+        self.running.set()
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+
+    def _loop(self) -> None:
+        deadline = time.monotonic() + 300  # bounded whatever the test does
+        while self.running.is_set() and time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                outcome: object = call(
+                    self.address, "POST", "/v2/models/pipeline/infer", ROW, self.headers
+                )[0]
+            except (OSError, http.client.HTTPException) as error:
+                outcome = type(error).__name__
+            self.results.append((started, time.monotonic(), outcome))
+            if outcome != 200:
+                time.sleep(0.05)
+
+    def __enter__(self) -> Clients:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.running.clear()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+
+# --- start -----------------------------------------------------------------------------------
+
+
+def test_first_up_builds_each_image_once_and_every_service_is_healthy(stack):
+    """From an engine with only the stand-ins: our two images are built once each (the two
+    Locust services share one image, which only locust-master builds), every service turns
+    healthy, the one-shot secrets service exits 0, and `--scale locust-worker=2` gives two."""
+    built = re.findall(r"naming to (?:docker\.io/)?(tritonstack/[\w.:-]+)", stack.first_up)
+    assert sorted(built) == ["tritonstack/locust:2.47.0", "tritonstack/triton:26.07"], built
+    for service in SERVICES:
+        containers = stack.containers(service)
+        assert len(containers) == (2 if service == "locust-worker" else 1), service
+        for container in containers:
+            state = container["State"]
+            if service == "secrets":
+                assert state["Status"] == "exited" and state["ExitCode"] == 0, state
+            else:
+                assert state["Health"]["Status"] == "healthy", (service, state)
+    # The stand-ins are what ran: no official image was pulled (no registry is reachable).
+    images = {c["Config"]["Image"] for s in SERVICES for c in stack.containers(s)}
+    for image in images - {"tritonstack/triton:26.07", "tritonstack/locust:2.47.0"}:
+        labels = json.loads(stack.docker("image", "inspect", image).stdout)[0]["Config"]["Labels"]
+        assert labels["tritonstack.standin.for"] == image
+
+
+def test_published_ports_are_loopback_only_and_containers_reach_nothing_outside(stack):
+    """Published: the gateway's two ports, Prometheus and Locust's UI, all on 127.0.0.1; and a
+    container cannot open a connection beyond its compose networks (here: PyPI)."""
+    published = {}
+    for service in SERVICES:
+        for container in stack.containers(service):
+            for port, bindings in (container["NetworkSettings"]["Ports"] or {}).items():
+                for binding in bindings or []:
+                    published[f"{service}:{port}"] = binding["HostIp"]
+    assert published == {
+        "gateway:8000/tcp": "127.0.0.1",
+        "gateway:8001/tcp": "127.0.0.1",
+        "prometheus:9090/tcp": "127.0.0.1",
+        "locust-master:8089/tcp": "127.0.0.1",
+    }
+    probe = (
+        "import socket\ntry:\n socket.create_connection(('pypi.org', 443), timeout=3)\n"
+        "except OSError as e:\n print('unreachable', e)\nelse:\n print('reached')"
+    )
+    result = stack.exec("locust-master", "python", "-c", probe)
+    assert result.stdout.startswith("unreachable"), result.stdout + result.stderr
+
+
+# --- inference ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["classifier", "pipeline", "classify"])
+def test_inference_through_the_published_gateway_equals_onnxruntime(
+    stack, reference, protocol, model
+):
+    """What `tritonstack infer` gets from the compose stack equals onnxruntime on model.onnx."""
+    features = embeddings(7, seed=7)
+    probabilities, labels = reference(features)
+    outputs = infer(HTTP if protocol == "http" else GRPC, model, features, protocol=protocol)
+    if model in ("classifier", "pipeline"):
+        assert outputs["class"].shape == (7, 2)
+        assert abs(outputs["class"] - probabilities).max() < 1e-6
+    if model in ("pipeline", "classify"):
+        assert [b.decode() for b in outputs["label"][:, 0]] == list(labels)
+
+
+def test_admin_routes_are_refused_even_with_the_generated_admin_key(stack):
+    """The gateway routes no admin API, over HTTP or gRPC, whatever key a client sends."""
+    key = stack.secrets()["admin-key"]
+    headers = {"tritonstack-admin-key": key}
+    for method, path, body in (
+        ("POST", "/v2/repository/index", "{}"),
+        ("GET", "/v2/logging", ""),
+        ("GET", "/v2/models/pipeline/stats", ""),
+        ("POST", "/v2/repository/models/pipeline/unload", "{}"),
+    ):
+        status, text = call(HTTP, method, path, body, headers)
+        assert status == 404, (path, status, text)
+    client = grpcclient.InferenceServerClient(GRPC)
+    with pytest.raises(InferenceServerException) as refused:
+        client.get_model_repository_index(headers=headers)
+    assert "404" in refused.value.message()
+    assert client.is_model_ready("pipeline")  # the same channel reaches inference
+
+
+# --- secrets -----------------------------------------------------------------------------------
+
+
+def test_generated_secrets_are_readable_by_exactly_their_readers(stack):
+    """Each file the secrets service generated is 0400 and owned by its one reader: every
+    service that mounts the volume can read its own file and no other."""
+    shown = stack.secrets()
+    assert set(shown) == {"grafana-admin-password", "admin-key", "gateway-api-key"}
+    assert all(re.fullmatch(r"[0-9a-f]{48}", value) for value in shown.values()), shown
+    config = yaml.safe_load(stack.run("config").stdout)["services"]
+    readers = {}  # file -> uid of its reader
+    for entry in config["secrets"]["environment"]["TRITONSTACK_SECRETS"].split():
+        path, uid = entry.split(":")[:2]
+        readers[path] = int(uid)
+
+    def mounts_secrets(name: str) -> bool:
+        targets = [volume.get("target") for volume in config[name].get("volumes", [])]
+        return name != "secrets" and "/run/secrets/tritonstack" in targets
+
+    mounting = [name for name in SERVICES if mounts_secrets(name)]
+    assert {"triton", "gateway"} <= set(mounting)
+    for service in mounting:
+        uid = int(stack.exec(service, "id", "-u").stdout)
+        for path, reader in readers.items():
+            mode = stack.exec(service, "stat", "-c", "%a %u", path).stdout.split()
+            assert mode == ["400", str(reader)], (service, path, mode)
+            read = stack.exec(service, "cat", path)
+            assert (read.returncode == 0) == (uid == reader), (service, uid, path, read.stderr)
+            if read.returncode == 0:
+                assert read.stdout == shown[Path(path).name]
+
+
+# --- Locust --------------------------------------------------------------------------------------
+
+
+def locust_stats() -> dict:
+    status, body = get(f"{LOCUST}/stats/requests")
+    assert status == 200, body
+    return json.loads(body)
+
+
+def run_locust(users: int = 4, seconds: float = 20, minimum: int = 200) -> dict:
+    """A run started from the web UI's form (what pressing Start sends), stopped after
+    `minimum` requests or `seconds`; the final statistics."""
+    form = {"user_count": users, "spawn_rate": users, "host": "http://gateway:8000"}
+    status, body = get(f"{LOCUST}/swarm", urllib.parse.urlencode(form).encode())
+    assert status == 200 and json.loads(body)["success"] is True, body
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        total = next(s for s in locust_stats()["stats"] if s["name"] == "Aggregated")
+        if total["num_requests"] >= minimum:
+            break
+        time.sleep(1)
+    assert get(f"{LOCUST}/stop", b"")[0] == 200
+    time.sleep(2)  # the workers' last reports
+    return locust_stats()
+
+
+def test_locust_master_and_workers_run_a_validated_load_through_the_gateway(stack):
+    """Headless, through the web UI's HTTP API: both workers take part, every answer passes
+    the locustfile's content checks, and Prometheus scrapes every Locust exporter."""
+    stats = run_locust()
+    assert len(stats["workers"]) == 2, stats["workers"]
+    total = next(s for s in stats["stats"] if s["name"] == "Aggregated")
+    assert total["num_requests"] >= 100, total
+    assert total["num_failures"] == 0, stats.get("errors")
+    exported = eventually(
+        lambda: query('sum by (instance) (tritonstack_client_requests_total{job="locust"})'),
+        60,
+        "Prometheus scraping every Locust process's requests",
+    )
+    assert sum(float(s["value"][1]) for s in exported) > 0, exported
+
+
+# --- Prometheus ----------------------------------------------------------------------------------
+
+
+def test_prometheus_scrapes_every_job_its_rules_have_series_and_the_deep_probe_passes(stack):
+    def targets_up() -> dict:
+        body = get(f"{PROMETHEUS}/api/v1/targets?state=active")[1]
+        health: dict[str, set] = {}
+        for target in json.loads(body)["data"]["activeTargets"]:
+            health.setdefault(target["labels"]["job"], set()).add(target["health"])
+        return health if all(h == {"up"} for h in health.values()) and len(health) == 4 else {}
+
+    health = eventually(targets_up, 90, "jobs triton, gateway, deep_probe and locust up")
+    assert set(health) == {"triton", "gateway", "deep_probe", "locust"}
+    locusts = query('up{job="locust"}')
+    assert len(locusts) == 3, locusts  # the master and both workers, found by DNS
+    probe = eventually(lambda: query('probe_success{job="deep_probe"} == 1'), 60, "probe passes")
+    assert len(probe) == 1
+    records = [
+        rule["record"]
+        for path in sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    ]
+    assert len(records) > 20
+
+    def every_rule_has_a_series() -> bool:
+        empty = [record for record in records if not query(record)]
+        assert not empty, f"no series yet: {empty}"
+        return True
+
+    eventually(every_rule_has_a_series, 120, "every recording rule having a series")
+
+
+# --- scale and lose a replica ---------------------------------------------------------------------
+
+
+def replica_successes(stack, index: int) -> float:
+    """`pipeline`'s successful requests as replica `index`'s own metrics port counts them."""
+    read = (
+        "import urllib.request as u\n"
+        "print(u.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())"
+    )
+    result = stack.exec("triton", "python3", "-c", read, index=index)
+    assert result.returncode == 0, result.stderr
+    lines = [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith('nv_inference_request_success{model="pipeline"')
+    ]
+    return sum(float(line.split()[-1]) for line in lines)
+
+
+def send(count: int) -> None:
+    for _ in range(count):
+        assert call(HTTP, "POST", "/v2/models/pipeline/infer", ROW)[0] == 200
+
+
+def test_two_triton_replicas_both_serve_and_losing_one_costs_clients_a_bounded_window(stack):
+    """`--scale triton=2`: the gateway finds the second replica by DNS and balances to both.
+    Then tritonserver dies inside replica 1 (SIGKILL, as the OOM killer would): the container
+    exits, its restart policy brings it back healthy, replica 2 serves throughout, and clients
+    see errors only in the window the gateway needs to notice (two failed checks 2 s apart,
+    each bounded by the 2 s connect timeout): none ending later than 8 s after the kill."""
+    seconds, _ = stack.up("--scale", "triton=2", "--scale", "locust-worker=2")
+    COMPOSE_TIMINGS["second Triton replica to healthy"] = seconds
+
+    def both_serve() -> bool:
+        before = [replica_successes(stack, i) for i in (1, 2)]
+        send(40)
+        after = [replica_successes(stack, i) for i in (1, 2)]
+        return all(b > a for a, b in zip(before, after, strict=True))
+
+    eventually(both_serve, 60, "both replicas serving requests sent through the gateway")
+
+    victim = stack.containers("triton")[0]
+    restarts = victim["RestartCount"]
+    init = victim["State"]["Pid"]  # compose's `init: true`: docker-init, tritonserver its child
+    children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+    server = next(
+        int(pid)
+        for pid in children
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver"
+    )
+    with Clients() as clients:
+        time.sleep(2)
+        killed = time.monotonic()
+        os.kill(server, signal.SIGKILL)
+
+        def restarted_and_healthy() -> bool:
+            now = stack.containers("triton")[0]
+            return (
+                now["RestartCount"] > restarts
+                and now["State"].get("Health", {}).get("Status") == "healthy"
+            )
+
+        eventually(restarted_and_healthy, 180, "the killed replica restarted and healthy")
+        survivor_before = replica_successes(stack, 2)
+        time.sleep(3)
+    assert replica_successes(stack, 2) > survivor_before
+    eventually(both_serve, 60, "the restarted replica serving again beside the other")
+    # By when each failed request ended, after the kill: one in flight on the killed replica
+    # fails at once (502), then the gateway routes to it until its checks fail (503).
+    failures = [(end - killed, outcome) for _, end, outcome in clients.results if outcome != 200]
+    served = sum(1 for *_, outcome in clients.results if outcome == 200)
+    last = max((offset for offset, _ in failures), default=0.0)
+    COMPOSE_TIMINGS[f"losing a replica: {len(failures)} client errors, the last after"] = last
+    assert served > 100, (served, failures[:10])
+    assert all(0 <= offset <= 8 for offset, _ in failures), failures[:20]
+
+
+# --- stop, start again -------------------------------------------------------------------------
+
+
+def test_stop_under_load_loses_nothing_in_flight_and_start_keeps_the_secrets(stack):
+    """`docker compose stop` while clients send: every request already sent when the stop
+    began is answered 200 (HAProxy's soft stop, then Triton's drain), each service exits on its
+    stop signal within its stop_grace_period (no SIGKILL), and `down` then `up` (the warm
+    start) keeps the generated secrets."""
+    stack.up("--scale", "triton=1", "--scale", "locust-worker=2")
+    secrets = stack.secrets()
+    config = yaml.safe_load(stack.run("config").stdout)["services"]
+    since = str(int(time.time()) - 1)
+    with Clients() as clients:
+        time.sleep(3)
+        stopping = time.monotonic()
+        stack.run("stop")
+    in_flight = [(s - stopping, outcome) for s, _, outcome in clients.results if s < stopping]
+    assert len(in_flight) > 50, len(in_flight)
+    lost = [result for result in in_flight if result[1] != 200]
+    assert not lost, lost[:20]
+    events = stack.docker(
+        "events",
+        "--since",
+        since,
+        "--until",
+        str(int(time.time()) + 1),
+        "--filter",
+        "type=container",
+        "--format",
+        "{{json .}}",
+    ).stdout
+    signalled, died = {}, {}
+    for line in events.splitlines():
+        event = json.loads(line)
+        attributes = event["Actor"]["Attributes"]
+        name = attributes.get("com.docker.compose.service")
+        if event["Action"] == "kill":
+            signalled.setdefault(attributes["name"], (name, event["timeNano"] / 1e9))
+        elif event["Action"] == "die":
+            died[attributes["name"]] = (int(attributes["exitCode"]), event["timeNano"] / 1e9)
+    assert {service for service, _ in signalled.values()} == set(SERVICES) - {"secrets"}
+    for container, (service, at) in signalled.items():
+        code, gone = died[container]
+        grace = compose_seconds(config[service].get("stop_grace_period", "10s"))
+        assert gone - at <= grace and code != 137, (container, gone - at, grace, code)
+
+    stack.run("down")
+    seconds, _ = stack.up("--scale", "locust-worker=2")
+    COMPOSE_TIMINGS["warm start to healthy (down, then up)"] = seconds
+    assert stack.secrets() == secrets
+    send(5)
+
+
+# --- beyond loopback ------------------------------------------------------------------------------
+
+
+def test_gateway_published_beyond_loopback_requires_keys_and_the_probe_and_locust_still_pass(
+    stack,
+):
+    """GATEWAY_BIND beyond loopback: every request needs a key; the deep probe and Locust,
+    which call the gateway from inside the compose network, still succeed (they get keys of
+    their own from the secrets service).
+
+    127.0.0.2, not 0.0.0.0: the gateway treats every address but the literal loopback names
+    (127.0.0.1, ::1, localhost) as public, so this runs the same keys path that 0.0.0.0 does,
+    without publishing the gateway on this machine's network interfaces during a test."""
+    address = "127.0.0.2"
+    stack.up("--scale", "locust-worker=2", GATEWAY_BIND=address)
+    gateway = stack.containers("gateway")[0]
+    bound = {b["HostIp"] for p in gateway["NetworkSettings"]["Ports"].values() for b in p or []}
+    assert bound == {address}
+    http = f"{address}:8000"
+    anonymous = call(http, "POST", "/v2/models/pipeline/infer", ROW)
+    assert anonymous[0] == 401, anonymous
+    key = stack.secrets()["gateway-api-key"]
+    keyed = call(http, "POST", "/v2/models/pipeline/infer", ROW, {"Authorization": f"Bearer {key}"})
+    assert keyed[0] == 200, keyed
+    fresh = time.time()
+
+    def probe_passes_after_the_change() -> bool:
+        samples = query('probe_success{job="deep_probe"}')
+        return (
+            bool(samples)
+            and float(samples[0]["value"][0]) > fresh + 6
+            and samples[0]["value"][1] == "1"
+        )
+
+    eventually(probe_passes_after_the_change, 60, "the deep probe passing with keys")
+    stats = run_locust()
+    total = next(s for s in stats["stats"] if s["name"] == "Aggregated")
+    assert total["num_requests"] >= 100 and total["num_failures"] == 0, stats.get("errors")
