@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPOSITORY, ROOT, require_tool
+from tests.support import REPOSITORY, ROOT, compose_seconds, require_tool
 from tests.unit.test_compose import (
     COMPOSE,
-    _seconds,
     assert_listens,
     compose_config,
     healthcheck,
@@ -120,7 +119,7 @@ def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) 
     # Soft stop drains in-flight requests; Triton stops after the gateway (it depends on Triton).
     assert gateway["stop_signal"] == "SIGUSR1"
     assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
-    assert _seconds(gateway["stop_grace_period"]) > SOFT_STOP_SECONDS  # hard-stop-after
+    assert compose_seconds(gateway["stop_grace_period"]) > SOFT_STOP_SECONDS  # hard-stop-after
     assert gateway["command"][:2] == ["haproxy", *HAPROXY_FLAGS]
     # HAProxy 2.6 parses the config with exactly the environment compose gives the container.
     checked = haproxy_check({k: str(v) for k, v in env.items()})
