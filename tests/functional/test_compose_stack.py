@@ -333,31 +333,50 @@ def test_admin_routes_are_refused_even_with_the_generated_admin_key(stack):
 
 
 def test_generated_secrets_are_readable_by_exactly_their_readers(stack):
-    """Each file the secrets service generated is 0400 and owned by its one reader: every
-    service that mounts the volume can read its own file and no other."""
+    """Each file the secrets service generated is 0400 and owned by its one reader, and each
+    service sees only the volume it needs: the admin key and Grafana's password are in no
+    container that runs as another service's uid (Locust runs as 1000 like Triton)."""
     shown = stack.secrets()
-    assert set(shown) == {"grafana-admin-password", "admin-key", "gateway-api-key"}
+    assert set(shown) == {
+        "grafana-admin-password",
+        "admin-key",
+        "client-api-key",
+        "deep-probe-api-key",
+        "locust-api-key",
+    }
     assert all(re.fullmatch(r"[0-9a-f]{48}", value) for value in shown.values()), shown
     config = yaml.safe_load(stack.run("config").stdout)["services"]
     readers = {}  # file -> uid of its reader
     for entry in config["secrets"]["environment"]["TRITONSTACK_SECRETS"].split():
         path, uid = entry.split(":")[:2]
         readers[path] = int(uid)
+    key_map, map_reader = config["secrets"]["environment"]["TRITONSTACK_KEY_MAP"].split(":")
+    readers[key_map] = int(map_reader)
 
-    def mounts_secrets(name: str) -> bool:
-        targets = [volume.get("target") for volume in config[name].get("volumes", [])]
-        return name != "secrets" and "/run/secrets/tritonstack" in targets
+    def mounted(name: str) -> list[str]:
+        targets = [volume.get("target", "") for volume in config[name].get("volumes", [])]
+        return [t for t in targets if t.startswith("/run/secrets/")]
 
-    mounting = [name for name in SERVICES if mounts_secrets(name)]
-    assert {"triton", "gateway"} <= set(mounting)
-    for service in mounting:
+    seen = {name: mounted(name) for name in SERVICES if name != "secrets" and mounted(name)}
+    assert seen == {
+        "triton": ["/run/secrets/tritonstack"],
+        "gateway": ["/run/secrets/tritonstack"],
+        "blackbox": ["/run/secrets/tritonstack-clients"],
+        "locust-master": ["/run/secrets/tritonstack-clients"],
+        "locust-worker": ["/run/secrets/tritonstack-clients"],
+    }, seen
+    for service, volumes in seen.items():
         uid = int(stack.exec(service, "id", "-u").stdout)
         for path, reader in readers.items():
-            mode = stack.exec(service, "stat", "-c", "%a %u", path).stdout.split()
-            assert mode == ["400", str(reader)], (service, path, mode)
+            visible = any(path.startswith(volume + "/") for volume in volumes)
+            mode = stack.exec(service, "stat", "-c", "%a %u", path)
+            assert (mode.returncode == 0) == visible, (service, path)
+            if not visible:
+                continue
+            assert mode.stdout.split() == ["400", str(reader)], (service, path, mode.stdout)
             read = stack.exec(service, "cat", path)
-            assert (read.returncode == 0) == (uid == reader), (service, uid, path, read.stderr)
-            if read.returncode == 0:
+            assert (read.returncode == 0) == (uid in (reader, 0)), (service, uid, path)
+            if read.returncode == 0 and Path(path).name in shown:
                 assert read.stdout == shown[Path(path).name]
 
 
@@ -465,8 +484,9 @@ def test_two_triton_replicas_both_serve_and_losing_one_costs_clients_a_bounded_w
     """`--scale triton=2`: the gateway finds the second replica by DNS and balances to both.
     Then tritonserver dies inside replica 1 (SIGKILL, as the OOM killer would): the container
     exits, its restart policy brings it back healthy, replica 2 serves throughout, and clients
-    see errors only in the window the gateway needs to notice (two failed checks 2 s apart,
-    each bounded by the 2 s connect timeout): none ending later than 8 s after the kill."""
+    see an error only for a request that was already on the killed replica (a 502): the first
+    refused connection marks it down and the gateway sends the request to replica 2, so at
+    most one error per client, each ending within 2 s of the kill."""
     seconds, _ = stack.up("--scale", "triton=2", "--scale", "locust-worker=2")
     COMPOSE_TIMINGS["second Triton replica to healthy"] = seconds
 
@@ -504,14 +524,15 @@ def test_two_triton_replicas_both_serve_and_losing_one_costs_clients_a_bounded_w
         time.sleep(3)
     assert replica_successes(stack, 2) > survivor_before
     eventually(both_serve, 60, "the restarted replica serving again beside the other")
-    # By when each failed request ended, after the kill: one in flight on the killed replica
-    # fails at once (502), then the gateway routes to it until its checks fail (503).
+    # By when each failed request ended, after the kill: only one in flight on the killed
+    # replica fails (502); a refused connection marks the replica down and is redispatched.
     failures = [(end - killed, outcome) for _, end, outcome in clients.results if outcome != 200]
     served = sum(1 for *_, outcome in clients.results if outcome == 200)
     last = max((offset for offset, _ in failures), default=0.0)
     COMPOSE_TIMINGS[f"losing a replica: {len(failures)} client errors, the last after"] = last
     assert served > 100, (served, failures[:10])
-    assert all(0 <= offset <= 8 for offset, _ in failures), failures[:20]
+    assert len(failures) <= len(clients.threads), failures[:20]
+    assert all(0 <= offset <= 2 for offset, _ in failures), failures[:20]
 
 
 # --- stop, start again -------------------------------------------------------------------------
@@ -588,7 +609,7 @@ def test_gateway_published_beyond_loopback_requires_keys_and_the_probe_and_locus
     http = f"{address}:8000"
     anonymous = call(http, "POST", "/v2/models/pipeline/infer", ROW)
     assert anonymous[0] == 401, anonymous
-    key = stack.secrets()["gateway-api-key"]
+    key = stack.secrets()["client-api-key"]
     keyed = call(http, "POST", "/v2/models/pipeline/infer", ROW, {"Authorization": f"Bearer {key}"})
     assert keyed[0] == 200, keyed
     fresh = time.time()

@@ -23,7 +23,9 @@ from tritonstack.gateway import Gateway
 from tritonstack.loadtest import run_headless
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-SECRETS_DIR = "/run/secrets/tritonstack"
+#: Where compose mounts the secrets volumes (tritonstack, tritonstack-clients); the tests keep
+#: the same layout under a temporary folder.
+SECRETS_ROOT = "/run/secrets"
 #: Any address beyond loopback: the gateway still binds 127.0.0.1 here, only its idea of where it
 #: is published changes (compose's GATEWAY_BIND).
 PUBLISHED = "192.0.2.10"
@@ -36,8 +38,8 @@ def secrets(tmp_path_factory) -> Path:
     settings = COMPOSE["services"]["secrets"]["environment"]
     environment = {
         "PATH": "/usr/bin:/bin",
-        "TRITONSTACK_SECRETS": settings["TRITONSTACK_SECRETS"].replace(SECRETS_DIR, str(folder)),
-        "TRITONSTACK_KEY_MAP": settings["TRITONSTACK_KEY_MAP"].replace(SECRETS_DIR, str(folder)),
+        "TRITONSTACK_SECRETS": settings["TRITONSTACK_SECRETS"].replace(SECRETS_ROOT, str(folder)),
+        "TRITONSTACK_KEY_MAP": settings["TRITONSTACK_KEY_MAP"].replace(SECRETS_ROOT, str(folder)),
     }
     script = ROOT / "scripts" / "secrets.sh"
     result = subprocess.run(
@@ -51,7 +53,19 @@ def secrets(tmp_path_factory) -> Path:
 def compose_path(service: str, variable: str, secrets: Path) -> Path:
     """A file path compose gives `service` in `variable`, moved into the test's secrets folder."""
     value = COMPOSE["services"][service]["environment"][variable]
-    return Path(value.replace(SECRETS_DIR, str(secrets)))
+    return local(value, secrets)
+
+
+def local(path: str, secrets: Path) -> Path:
+    """A path under compose's /run/secrets, in the test's folder."""
+    return Path(path.replace(SECRETS_ROOT, str(secrets)))
+
+
+def key_file(secrets: Path, client: str) -> Path:
+    """The generated key file of `client`, wherever compose's TRITONSTACK_SECRETS puts it."""
+    entries = COMPOSE["services"]["secrets"]["environment"]["TRITONSTACK_SECRETS"].split()
+    path = next(e.split(":")[0] for e in entries if e.split(":")[0].endswith(f"/{client}-api-key"))
+    return local(path, secrets)
 
 
 @pytest.fixture(scope="module")
@@ -75,28 +89,28 @@ def test_every_key_file_is_readable_by_its_reader_only(secrets):
     """0400 and owned by the uid compose names for its one reader (as root, as compose runs)."""
     settings = COMPOSE["services"]["secrets"]["environment"]
     owners = {
-        Path(entry.split(":")[0]).name: int(entry.split(":")[1])
+        entry.split(":")[0]: int(entry.split(":")[1])
         for entry in settings["TRITONSTACK_SECRETS"].split()
     }
     key_map, map_owner = settings["TRITONSTACK_KEY_MAP"].split(":")
-    owners[Path(key_map).name] = int(map_owner)
+    owners[key_map] = int(map_owner)
     for name, uid in owners.items():
-        path = secrets / name
+        path = local(name, secrets)
         assert path.stat().st_mode & 0o777 == 0o400, name
         if os.geteuid() == 0:
             assert path.stat().st_uid == uid, name
-    lines = (secrets / Path(key_map).name).read_text().splitlines()
+    lines = local(key_map, secrets).read_text().splitlines()
     clients = {line.split()[1]: line.split()[0] for line in lines}
     assert set(clients) == {"client", "deep-probe", "locust"}
     for client, key in clients.items():
-        assert (secrets / f"{client}-api-key").read_text() == key
+        assert key_file(secrets, client).read_text() == key
 
 
 def test_generated_keys_guard_the_published_gateway(published, secrets):
     path, body = "/v2/models/pipeline/infer", infer_body([1, 128])
     assert call(published.http_url, "POST", path, body)[0] == 401
     for client in ("client", "deep-probe", "locust"):
-        key = (secrets / f"{client}-api-key").read_text()
+        key = key_file(secrets, client).read_text()
         headers = {"Authorization": f"Bearer {key}"}
         assert call(published.http_url, "POST", path, body, headers)[0] == 200, client
     assert call(published.http_url, "GET", "/v2/health/ready")[0] == 200  # health needs none
@@ -113,7 +127,7 @@ def test_on_loopback_the_generated_keys_are_not_asked_for(triton, secrets):
     with LoopbackComposeGateway.for_triton(triton, **gateway_ports()) as gateway:
         path, body = "/v2/models/pipeline/infer", infer_body([1, 128])
         assert call(gateway.http_url, "POST", path, body)[0] == 200
-        probe_key = (secrets / "deep-probe-api-key").read_text()
+        probe_key = key_file(secrets, "deep-probe").read_text()
         keyed = call(gateway.http_url, "POST", path, body, {"Authorization": f"Bearer {probe_key}"})
         assert keyed[0] == 200  # a caller that always sends its key passes too
 
@@ -136,7 +150,7 @@ def probe(blackbox: str, gateway: Gateway) -> dict[str, float]:
 
 
 def test_deep_probe_sends_its_key(published, secrets, tmp_path):
-    with blackbox_exporter(tmp_path, secrets / "deep-probe-api-key") as blackbox:
+    with blackbox_exporter(tmp_path, key_file(secrets, "deep-probe")) as blackbox:
         result = probe(blackbox, published)
     assert result == {"probe_success": 1.0, "probe_http_status_code": 200.0}
 

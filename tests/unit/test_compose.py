@@ -237,11 +237,23 @@ def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict
     client_key = "/run/secrets/tritonstack/client-api-key"  # yours: `secrets show` prints it
     assert generated == {secret_file, key_file, client_key, probe_key, locust_key}
     assert secrets["environment"]["GRAFANA_ADMIN_PASSWORD"] == ""  # empty: generate one
+    private = "secrets:/run/secrets/tritonstack:ro"  # the admin key, Grafana's password
+    callers = "client-keys:/run/secrets/tritonstack-clients:ro"  # the probe's and Locust's keys
+    mounts = {name: s.get("volumes", []) for name, s in gpu["services"].items()}
+    # perf-analyzer (the bench profile) reads the admin key for the statistics API.
+    readers = {n for n, v in mounts.items() if private in v}
+    assert readers == {"grafana", "triton", "gateway", "perf-analyzer"}
+    assert {n for n, v in mounts.items() if callers in v} == {
+        "blackbox", "locust-master", "locust-worker"
+    }  # fmt: skip
+    assert {probe_key, locust_key} == {
+        p for p in generated if p.startswith("/run/secrets/tritonstack-clients/")
+    }  # fmt: skip
     for name in ("grafana", "triton", "gateway", "blackbox", "locust-master", "locust-worker"):
         service = gpu["services"][name]
         assert service["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
-        assert "secrets:/run/secrets/tritonstack:ro" in service["volumes"]
     assert "secrets:/run/secrets/tritonstack:rw" in secrets["volumes"]
+    assert "client-keys:/run/secrets/tritonstack-clients:rw" in secrets["volumes"]
     assert secrets["network_mode"] == "none" and secrets["restart"] == "no"
     assert "admin/admin" not in COMPOSE.read_text()
     example = (ROOT / ".env.example").read_text()
@@ -335,7 +347,13 @@ def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
     for dockerfile in ("Dockerfile.triton", "Dockerfile.locust"):
         bases = re.findall(r"^FROM\s+(\S+)", (ROOT / dockerfile).read_text(), re.MULTILINE)
         assert bases and all(re.search(r":\d[\w.-]*$", b) for b in bases), (dockerfile, bases)
-    assert set(gpu["volumes"]) == {"secrets", "triton-cache", "prometheus-data", "grafana-data"}
+    assert set(gpu["volumes"]) == {
+        "secrets",
+        "client-keys",
+        "triton-cache",
+        "prometheus-data",
+        "grafana-data",
+    }
 
 
 def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
