@@ -26,7 +26,7 @@ lint: venv ## ruff, hadolint, shellcheck, yamllint, promtool, haproxy -c, compos
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/hadolint Dockerfile.triton Dockerfile.locust tests/standins/*/Dockerfile
-	$(BIN)/shellcheck scripts/*.sh bench/*.sh tests/standins/*/*.sh tests/standins/tritonserver/tritonserver
+	$(BIN)/shellcheck scripts/*.sh bench/*.sh tests/gpu/run.sh tests/standins/*/*.sh tests/standins/tritonserver/tritonserver
 	$(BIN)/yamllint .
 	promtool check rules prometheus/rules/*.yml
 	PATH="$$PATH:/usr/sbin" haproxy -c -f gateway/haproxy.cfg
