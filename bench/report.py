@@ -43,6 +43,8 @@ TARGET_NAMES = (
     "pipeline ≥ 80% of direct classifier throughput (16 clients)",
     "classify ≥ 80% of direct classifier throughput (16 clients)",
     "dynamic batching ≥ 2x vs off at 32 clients (classifier)",
+    "through the gateway ≥ 0.9x direct throughput: classifier, 16 clients (JSON)",
+    "through the gateway ≥ 0.9x direct throughput: pipeline, 16 clients (JSON)",
 )
 
 
@@ -139,7 +141,26 @@ def targets(results: dict) -> list[Target]:
             on32,
             off32,
         ),
+        *(
+            gateway_target(results, name, model)
+            for name, model in zip(TARGET_NAMES[4:], ("classifier", "pipeline"), strict=True)
+        ),
     ]
+
+
+def gateway_target(results: dict, name: str, model: str) -> Target:
+    """Gateway vs direct at 16 clients, both measured in the gateway family (one server each,
+    alternating), with the CPU each costs per request and the bare relay's ratio beside it."""
+    from bench.scenarios import GATEWAY_SERVER, RELAY_SERVER
+
+    gateway = _get(results, GATEWAY_SERVER, model, "http-json", 16)
+    direct = _get(results, TRITON, model, "http-json", 16)
+    target = _with_cost(ratio_target(name, _rps(gateway), _rps(direct), 0.9), gateway, direct)
+    relay = _get(results, RELAY_SERVER, model, "http-json", 16)
+    if target.passed is None or not _rps(relay):
+        return target
+    floor = _rps(relay) / _rps(direct)
+    return Target(target.name, target.passed, f"{target.detail}; a bare TCP relay: {floor:.2f}x")
 
 
 def single_instance(results: dict) -> list[str]:
@@ -236,39 +257,59 @@ def queue_findings(results: dict) -> list[str]:
     return found
 
 
-def gateway_findings(results: dict) -> list[str]:
-    """The gateway family read side by side: throughput, latency and CPU per request."""
-    from bench.scenarios import GATEWAY_SERVER
+PROTOCOL_NAMES = {"http-json": "JSON", "http-binary": "binary", "grpc": "gRPC"}
 
-    parts = []
-    for point in results["points"]:
-        if point["server"] != GATEWAY_SERVER:
-            continue
-        direct = _get(results, TRITON, point["model"], point["protocol"], point["concurrency"])
-        if not direct or not _rps(direct):
-            continue
-        a, b = point["summary"], direct["summary"]
-        cpu_a, cpu_b = _cpu_us(point), _cpu_us(direct)
-        cpu = (
-            f", CPU {cpu_a:.0f} vs {cpu_b:.0f} µs per request"
-            if cpu_a is not None and cpu_b is not None
-            else ""
-        )
-        parts.append(
-            f"`{point['model']}` c={point['concurrency']}: {_rps(point) / _rps(direct):.2f}x the "
-            f"direct throughput, p50 {a['p50_ms']:.1f} vs {b['p50_ms']:.1f} "
-            f"ms, p99 {a['p99_ms']['median']:.1f} vs {b['p99_ms']['median']:.1f} ms{cpu}"
-        )
-    if not parts:
+
+def _versus_direct(results: dict, point: dict) -> str | None:
+    """`model` protocol c=N: throughput ratio to direct Triton, latency and CPU side by side."""
+    direct = _get(results, TRITON, point["model"], point["protocol"], point["concurrency"])
+    if not direct or not _rps(direct) or not _rps(point):
+        return None
+    a, b = point["summary"], direct["summary"]
+    cpu_a, cpu_b = _cpu_us(point), _cpu_us(direct)
+    haproxy = point.get("cpu_by_process_us", {}).get("haproxy")
+    cpu = ""
+    if cpu_a is not None and cpu_b is not None:
+        cpu = f", CPU {cpu_a:.0f} vs {cpu_b:.0f} µs per request"
+        cpu += f" (haproxy {haproxy:.0f})" if haproxy is not None else ""
+    protocol = PROTOCOL_NAMES.get(point["protocol"], point["protocol"])
+    return (
+        f"`{point['model']}` {protocol} c={point['concurrency']}: "
+        f"{_rps(point) / _rps(direct):.2f}x the direct throughput, p50 {a['p50_ms']:.1f} vs "
+        f"{b['p50_ms']:.1f} ms, p99 {a['p99_ms']['median']:.1f} vs {b['p99_ms']['median']:.1f} "
+        f"ms{cpu}"
+    )
+
+
+def gateway_findings(results: dict) -> list[str]:
+    """The gateway family read side by side: throughput, latency and CPU per request, and the
+    bare relay beside it (the cost of the hop before any check)."""
+    from bench.scenarios import GATEWAY_SERVER, RELAY_SERVER
+
+    found = []
+    for server, lead in (
+        (GATEWAY_SERVER, "Through the gateway vs direct (gateway first): "),
+        (RELAY_SERVER, "Through a bare TCP relay vs direct (relay first): "),
+    ):
+        parts = [_versus_direct(results, p) for p in results["points"] if p["server"] == server]
+        if any(parts):
+            found.append(lead + "; ".join(p for p in parts if p) + ".")
+    if not found:
         return []
-    return [
-        "Through the gateway vs direct (gateway first): " + "; ".join(parts) + ". The gateway "
-        "(HAProxy, gateway/haproxy.cfg) parses every request's JSON to check its shape and "
-        "relays it to Triton over a kept-alive connection; on 2 cores its CPU comes out of "
-        "what Triton could have used. What it buys: overload answered with fast 503s and "
-        "counted, bad shapes refused before Triton, admin APIs unreachable, API keys, TLS and "
-        "balancing over replicas (docs/operations.md)."
-    ]
+    found.append(
+        "The gateway (HAProxy, gateway/haproxy.cfg, one thread natively) reads every request's "
+        "body once (one regular expression over a JSON body, or over a binary body's JSON "
+        "header) and relays it to Triton over a kept-alive connection. The relay "
+        "(bench/haproxy-tcp-relay.cfg) checks nothing and parses no HTTP: what it costs is the "
+        "hop itself, two more loopback sockets per request, whose kernel work and HAProxy's "
+        "comes out of the same 2 cores Triton is saturating. The gap between the relay and the "
+        "gateway is what the checks cost; the gap between the relay and direct is what any "
+        "process in front of Triton costs on this machine. On a host with cores to spare the "
+        "hop costs latency (the p50 above), not throughput. What the gateway buys: overload "
+        "answered with fast 503s and counted, bad requests refused before Triton, admin APIs "
+        "unreachable, API keys, TLS and balancing over replicas (docs/operations.md)."
+    )
+    return found
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -392,7 +433,7 @@ def _why_section(results: dict) -> list[str]:
     return out
 
 
-def render_markdown(results: dict) -> str:
+def render_markdown(results: dict, gpu_check: dict | None = None) -> str:
     meta = results["meta"]
     quick = meta["quick"]
     out = ["# Benchmarks", ""]
@@ -502,7 +543,7 @@ def render_markdown(results: dict) -> str:
     notes = _notes(results)
     out += ["## Load generator and saturation notes", ""]
     out += notes or ["- none: no point's generator used more than 45% of the machine."]
-    out += ["", *method_sections()]
+    out += ["", *gpu_check_section(gpu_check), *method_sections()]
     return "\n".join(out)
 
 
@@ -606,6 +647,28 @@ def method_sections() -> list[str]:
     return out
 
 
+#: The GPU check's report (tests/gpu/run.sh --report), next to results.json.
+GPU_CHECK = "gpu-check.json"
+
+
+def gpu_check_section(report: dict | None) -> list[str]:
+    """The GPU check's report from a GPU machine, or what to run where none has been."""
+    out = ["## On a GPU: the GPU check", ""]
+    if report is None:
+        return [
+            *out,
+            "Not run yet: no session has had a GPU machine since `tests/gpu/run.sh` was "
+            "written. On one: `python -m tests.gpu.prepare` where PyPI is reachable, then "
+            f"`tests/gpu/run.sh --report docs/benchmarks/{GPU_CHECK}` on the GPU machine, then "
+            "`python -m bench --render` to put its report here "
+            "([testing.md](testing.md#the-gpu-check-testsgpu) says what it checks).",
+            "",
+        ]
+    lines = report["markdown"].rstrip().splitlines()
+    heading = lines[0].removeprefix("# ")
+    return [*out, f"Run by `tests/gpu/run.sh`: {heading}.", "", *lines[1:], ""]
+
+
 def render_pending() -> str:
     """docs/benchmarks.md before the first full run on a quiet machine."""
     return "\n".join(
@@ -679,6 +742,11 @@ def plot(results: dict, directory: Path) -> list[Path]:
     return written
 
 
+def read_gpu_check(out: Path) -> dict | None:
+    path = Path(out) / "benchmarks" / GPU_CHECK
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def write(results: dict, out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -686,5 +754,14 @@ def write(results: dict, out: Path) -> list[Path]:
     data = out / "benchmarks" / "results.json"
     data.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     markdown = out / "benchmarks.md"
-    markdown.write_text(render_markdown(results))
+    markdown.write_text(render_markdown(results, read_gpu_check(out)))
     return [markdown, data, *written]
+
+
+def rerender(out: Path) -> Path:
+    """benchmarks.md again from the committed results.json (and the GPU check's report)."""
+    out = Path(out)
+    results = json.loads((out / "benchmarks" / "results.json").read_text())
+    markdown = out / "benchmarks.md"
+    markdown.write_text(render_markdown(results, read_gpu_check(out)))
+    return markdown

@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--grpc-processes", type=int, default=2, help="gRPC load processes (default 2)"
     )
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: render docs/benchmarks.md again from docs/benchmarks/"
+        "results.json and the GPU check's report (docs/benchmarks/gpu-check.json)",
+    )
     return parser
 
 
@@ -90,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     from bench.scenarios import FAMILIES, FULL, QUICK
 
+    if args.render:
+        from bench.report import rerender
+
+        print(f"wrote {rerender(args.out or DOCS)}")
+        return 0
     families = [f.strip() for f in args.scenarios.split(",") if f.strip()]
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown or not families:
@@ -218,7 +229,7 @@ class Bench:
         repository = self.workdir / "repositories" / server_key.replace(":", "-")
         write_variant(DEFAULT_MODEL_REPOSITORY, repository, spec.variant)
         if spec.kind == "gateway":
-            return servers.start_gateway(repository, log, spec.key)
+            return servers.start_gateway(repository, log, spec.key, spec.gateway_config)
         return servers.start_triton(repository, log, spec.key)
 
     def _run_server(self, server_key: str, points, venv: Path | None) -> None:

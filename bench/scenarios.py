@@ -38,6 +38,8 @@ class ServerSpec:
     variant: str = "default"  # the model-repository variant (bench/variants.py) Triton serves
     workers: int = 1  # uvicorn workers
     start_seconds: float = 6.0  # for the progress line's ETA
+    #: a gateway's HAProxy configuration, relative to the checkout
+    gateway_config: str = "gateway/haproxy.cfg"
     #: the memory family's server: a fresh Triton driven for many requests, RSS before and
     #: after, no points of its own
     memory_soak: bool = False
@@ -69,6 +71,13 @@ SERVERS: dict[str, ServerSpec] = {
         _triton("queue-policy-x1", "Triton, queue policy, 1 instance of every model"),
         # the committed repository behind the gateway (gateway/haproxy.cfg, committed limits)
         ServerSpec("gateway:default", "gateway", "Triton behind the gateway (HAProxy)"),
+        # the hop alone: a TCP relay with no checks, the floor under any gateway's cost
+        ServerSpec(
+            "gateway:tcp-relay",
+            "gateway",
+            "Triton behind a bare TCP relay (HAProxy, no checks)",
+            gateway_config="bench/haproxy-tcp-relay.cfg",
+        ),
         ServerSpec(
             "fastapi", "fastapi", "FastAPI + onnxruntime (1 uvicorn worker)", start_seconds=4.0
         ),
@@ -85,6 +94,7 @@ SERVERS: dict[str, ServerSpec] = {
 }
 TRITON = "triton:default"
 GATEWAY_SERVER = "gateway:default"
+RELAY_SERVER = "gateway:tcp-relay"
 #: max_queue_delay_microseconds -> the server measured with it (100 us is the committed value)
 DELAY_SERVERS = {
     0: "triton:delay-0",
@@ -209,9 +219,17 @@ def family_points(family: str, s: Settings) -> list[Point]:
     if family == "gateway":
         # Up to 32 clients: the gateway's committed in-flight cap per replica, so every request is
         # admitted and the two sides answer the same load (past it the gateway queues, then 503s).
-        cases = [("classifier", 32)] if s.quick else [("classifier", 16), ("classifier", 32)]
-        cases += [] if s.quick else [("pipeline", 16), ("classify", 16)]
-        return [Point(server, m, JSON, c) for m, c in cases for server in (TRITON, GATEWAY_SERVER)]
+        # JSON pays for the gateway's reading of the whole body; binary tensors only for their
+        # JSON header (Inference-Header-Content-Length): both are reported.
+        cases = [("classifier", JSON, 16)]
+        if not s.quick:
+            cases += [("classifier", JSON, 32), ("pipeline", JSON, 16), ("classify", JSON, 16)]
+            cases += [("classifier", "http-binary", 16), ("pipeline", "http-binary", 16)]
+        points = [
+            Point(server, m, p, c) for m, p, c in cases for server in (TRITON, GATEWAY_SERVER)
+        ]
+        relay = [] if s.quick else [("classifier", JSON, 16), ("pipeline", JSON, 16)]
+        return points + [Point(RELAY_SERVER, m, p, c) for m, p, c in relay]
     if family == "protocols":
         models = ("pipeline",) if s.quick else ("classifier", "pipeline")
         return [

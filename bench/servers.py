@@ -120,10 +120,12 @@ def start_triton(repository: Path, log_path: Path, name: str) -> Server:
     )
 
 
-def start_gateway(repository: Path, log_path: Path, name: str) -> Server:
-    """Triton on `repository` behind the gateway (gateway/haproxy.cfg, its committed limits):
-    requests go to HAProxy's ports; CPU and memory count tritonserver and haproxy."""
+def start_gateway(repository: Path, log_path: Path, name: str, config: str) -> Server:
+    """Triton on `repository` behind HAProxy running `config` (relative to the checkout; the
+    gateway's own is gateway/haproxy.cfg, with its committed limits): requests go to HAProxy's
+    ports; CPU and memory count tritonserver and haproxy."""
     from tritonstack.gateway import Gateway
+    from tritonstack.project import project_dir
 
     http, grpc, metrics = free_ports(3)
     gateway_http, gateway_grpc, gateway_metrics = free_ports(3)
@@ -137,6 +139,7 @@ def start_gateway(repository: Path, log_path: Path, name: str) -> Server:
         metrics_port=gateway_metrics,
         model_repository=repository,
         log_path=log_path.with_suffix(".haproxy.log"),
+        config=project_dir() / config,
     )
     try:
         gateway.start()
