@@ -59,6 +59,15 @@ want=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["pytho
 [[ $have == "$want" ]] ||
   fail "$python is Python $have, the carry is for $want: prepare it with --python $have"
 
+# The wheel's Python backend stub links libpython X.Y as a shared library; an interpreter built
+# without one (--enable-shared off) cannot host it, and would fail only at model load.
+"$python" - <<'EOF' || fail "$python has no shared libpython (built without --enable-shared): the Python backend stub needs one; use the system's or conda's Python"
+import os, sys, sysconfig
+name = sysconfig.get_config_var("LDLIBRARY") or ""
+libdir = sysconfig.get_config_var("LIBDIR") or ""
+sys.exit(0 if name.endswith(".so") or os.path.exists(os.path.join(libdir, name.replace(".a", ".so"))) else 1)
+EOF
+
 echo "gpu check: verifying the carry" >&2
 bad=$("$python" - "$carry" <<'EOF'
 import hashlib, json, sys
@@ -73,16 +82,23 @@ EOF
 ) || fail "$bad is missing or not the file prepare wrote: prepare the carry again"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tritonstack-gpu-run.XXXXXX")
+pip=("$work/venv/bin/python" -m pip)
 trap 'rm -rf "$work"' EXIT
 
 echo "gpu check: installing offline into $work/venv" >&2
 # --system-site-packages: torch is the machine's own, built for its CUDA. The carried numpy 1
 # goes in front of the machine's: the wheel's Python backend stub needs numpy 1 (prepare.py).
-"$python" -m venv --system-site-packages "$work/venv"
+if ! "$python" -m venv --system-site-packages "$work/venv" >/dev/null 2>&1; then
+  # No ensurepip (Debian's python3 without python3-venv): a venv without pip, filled by the
+  # interpreter's own pip.
+  "$python" -m venv --clear --system-site-packages --without-pip "$work/venv" ||
+    fail "$python cannot make a virtualenv (python -m venv)"
+  pip=("$python" -m pip --python "$work/venv/bin/python")
+fi
 mapfile -t requirements < <("$python" -c \
   'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["requirements"]))' \
   "$carry/MANIFEST.json")
-"$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \
+"${pip[@]}" install --quiet --disable-pip-version-check --no-index \
   --find-links "$carry/wheels" "${requirements[@]}" ||
   fail "pip could not install ${requirements[*]} from $carry/wheels alone: prepare it again"
 
