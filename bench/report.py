@@ -352,6 +352,9 @@ def _label(point: dict, family: str) -> str:
         return f"`{model}` delay {us} us, c={point['concurrency']}"
     if family == "protocols":
         return f"`{model}` {point['protocol']}"
+    if family == "gateway" and point["protocol"] != "http-json":
+        protocol = PROTOCOL_NAMES.get(point["protocol"], point["protocol"])
+        return f"`{model}` {protocol} {server}, c={point['concurrency']}"
     if point["protocol"] == "http-classification":
         return f"`{model}` + labels by Triton's classification extension, c={point['concurrency']}"
     return f"`{model}` {server}, c={point['concurrency']}"
@@ -753,9 +756,7 @@ def write(results: dict, out: Path) -> list[Path]:
     written = plot(results, out / "benchmarks")
     data = out / "benchmarks" / "results.json"
     data.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    markdown = out / "benchmarks.md"
-    markdown.write_text(render_markdown(results, read_gpu_check(out)))
-    return [markdown, data, *written]
+    return [rerender(out), data, *written]
 
 
 def rerender(out: Path) -> Path:

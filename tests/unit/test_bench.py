@@ -475,6 +475,11 @@ def test_committed_docs_are_a_full_run_or_the_pending_page():
     assert "\n".join(report.method_sections()) in text
     for name in report.PLOTS:
         assert (docs / "benchmarks" / f"{name}.png").is_file()
+    # The page is results.json (and the GPU check's report) rendered by today's code, so a
+    # change to the report's wording or a hand edit shows here: `python -m bench --render`.
+    results = json.loads((docs / "benchmarks" / "results.json").read_text())
+    rendered = report.render_markdown(results, report.read_gpu_check(docs))
+    assert text == rendered, "docs/benchmarks.md drifted: run `python -m bench --render`"
 
 
 def test_compose_bench_profile_text_is_a_valid_service():
