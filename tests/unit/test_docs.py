@@ -58,6 +58,13 @@ RUN_ELSEWHERE = {
     "python3 -m venv .venv && pip install -e .": "Makefile's venv target, run by .ci/run "
     "on a fresh machine (it installs the test extras too)",
     "make test": ".ci/run",
+    "python -m tests.gpu.prepare": (
+        "tests/functional/test_gpu_check.py::test_the_default_carry_fits_what_a_device_run_carries"
+    ),
+    "tests/gpu/run.sh": (
+        "tests/functional/test_gpu_check.py::test_the_check_passes_on_a_cpu_instance_installed_"
+        "offline (with --device cpu; a GPU machine runs it as shown)"
+    ),
     "(cd prometheus/tests && promtool test rules *.yml)": (
         "tests/unit/test_prometheus.py::test_promtool_test_rules"
     ),
