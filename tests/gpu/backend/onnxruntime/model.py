@@ -46,10 +46,9 @@ class Graph:
         return [values[name] for name in outputs]
 
 
-def numpy_ops(op: str, args: list, attributes: dict):
+def arithmetic(op: str, args: list, attributes: dict, library: dict):
+    """One node: the arithmetic numpy and torch spell alike, the rest from `library`."""
     a = args[0]
-    if op == "Cast":
-        return a.astype(ONNX_DTYPES[attributes["to"]])
     if op == "MatMul":
         return a @ args[1]
     if op == "Gemm":
@@ -61,13 +60,19 @@ def numpy_ops(op: str, args: list, attributes: dict):
         return a - args[1]
     if op == "Mul":
         return a * args[1]
-    if op == "Relu":
-        return np.maximum(a, 0)
-    if op == "Sigmoid":
-        return 1 / (1 + np.exp(-a))
-    if op == "Concat":
-        return np.concatenate(args, axis=attributes["axis"])
-    raise AssertionError(op)
+    return library[op](args, attributes)
+
+
+NUMPY = {
+    "Cast": lambda args, attributes: args[0].astype(ONNX_DTYPES[attributes["to"]]),
+    "Relu": lambda args, _: np.maximum(args[0], 0),
+    "Sigmoid": lambda args, _: 1 / (1 + np.exp(-args[0])),
+    "Concat": lambda args, attributes: np.concatenate(args, axis=attributes["axis"]),
+}
+
+
+def numpy_ops(op: str, args: list, attributes: dict):
+    return arithmetic(op, args, attributes, NUMPY)
 
 
 def to_torch(array: np.ndarray, device):
@@ -85,29 +90,14 @@ def to_torch(array: np.ndarray, device):
 def torch_ops(op: str, args: list, attributes: dict):
     import torch
 
-    a = args[0]
-    if op == "Cast":
-        return a.to(
-            {np.float32: torch.float32, np.float64: torch.float64}[ONNX_DTYPES[attributes["to"]]]
-        )
-    if op == "MatMul":
-        return a @ args[1]
-    if op == "Gemm":
-        b = args[1].T if attributes.get("transB") else args[1]
-        return a @ b + (args[2] if len(args) > 2 else 0)
-    if op == "Add":
-        return a + args[1]
-    if op == "Sub":
-        return a - args[1]
-    if op == "Mul":
-        return a * args[1]
-    if op == "Relu":
-        return torch.relu(a)
-    if op == "Sigmoid":
-        return torch.sigmoid(a)
-    if op == "Concat":
-        return torch.cat(args, dim=attributes["axis"])
-    raise AssertionError(op)
+    dtypes = {np.float32: torch.float32, np.float64: torch.float64}
+    library = {
+        "Cast": lambda args, attributes: args[0].to(dtypes[ONNX_DTYPES[attributes["to"]]]),
+        "Relu": lambda args, _: torch.relu(args[0]),
+        "Sigmoid": lambda args, _: torch.sigmoid(args[0]),
+        "Concat": lambda args, attributes: torch.cat(args, dim=attributes["axis"]),
+    }
+    return arithmetic(op, args, attributes, library)
 
 
 class TritonPythonModel:
