@@ -149,8 +149,8 @@ def targets(results: dict) -> list[Target]:
 
 
 def gateway_target(results: dict, name: str, model: str) -> Target:
-    """Gateway vs direct at 16 clients, both measured in the gateway family (one server each,
-    alternating), with the CPU each costs per request and the bare relay's ratio beside it."""
+    """Gateway vs direct at 16 clients in one run (each server started once, its points in a
+    row), with the CPU each costs per request and the bare relay's ratio beside it."""
     from bench.scenarios import GATEWAY_SERVER, RELAY_SERVER
 
     gateway = _get(results, GATEWAY_SERVER, model, "http-json", 16)
