@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import embeddings, require_tool
+from tests.support import ROOT, embeddings, require_tool
 from tritonstack.cli import main as cli_main
 from tritonstack.client import infer
 from tritonstack.contract import MODEL_OUTPUTS
@@ -467,3 +467,15 @@ def test_runtime_socket_hands_out_no_listening_sockets(triton):
         for descriptor in descriptors:
             os.close(descriptor)
         assert len(descriptors) == 0 and data == b""
+
+
+def test_the_native_gateway_runs_one_thread_and_a_container_keeps_haproxys_default(gateway):
+    """Natively HAProxy shares the machine with Triton: one thread (tritonstack.gateway.THREADS,
+    measured cheaper per request on 2 cores); compose sets no GATEWAY_THREADS, so the official
+    image keeps HAProxy's one thread per CPU."""
+    info = dict(
+        line.split(": ", 1) for line in gateway.runtime("show info").splitlines() if ": " in line
+    )
+    assert info["Nbthread"] == "1", info.get("Nbthread")
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "GATEWAY_THREADS" not in compose
