@@ -92,9 +92,8 @@ def test_upstream_pin_a_queue_policy_stalls_the_batcher_500_ms(tmp_path):
           f"without: {[round(r.p99_ms) for r in free]}")  # fmt: skip
     assert all(r.errors == 0 for r in stalled + free), (stalled, free)
     assert stalled[-1].p99_ms >= STALL_MS, stalled  # requests waited out the idle timeout
-    # the no-stall verdict below sees it
-    assert stalled[-1].p99_ms > stall_bound_ms(stalled[-1].p50_ms), stalled
-    assert all(r.p99_ms < STALL_MS for r in free), free
+    assert has_stalls(stalled[-1]), stalled  # the no-stall verdict below sees it
+    assert not any(has_stalls(r) for r in free), free
 
 
 # --- no stall without a queue policy ------------------------------------------------------------
@@ -111,7 +110,9 @@ STALL_CONNECTIONS = (16, 64)
 #: writing this test; wrk's coordinated-omission correction spreads one delay over many samples):
 #: that is what the 100 ms floor absorbs, and why a run may be repeated, since contention comes
 #: and goes while the stall is structural and shows in every run. A 500 ms batcher stall puts p99
-#: at ~500 ms, 50-100x a p50 of 5-10 ms: the upstream pin above checks this verdict catches it.
+#: at ~500 ms, 50-100x a p50 of 5-10 ms. Stalls frequent enough to lift the median itself (one
+#: run measured p50 125 ms, p95 and p99 503 ms) escape that ratio, so a p99 at STALL_MS or more
+#: is a stall too, whatever p50 is: the upstream pin above checks this verdict catches it.
 P99_OVER_P50 = 5
 P99_FLOOR_MS = 100
 STALL_RUNS = 3
@@ -119,6 +120,11 @@ STALL_RUNS = 3
 
 def stall_bound_ms(p50_ms: float) -> float:
     return P99_OVER_P50 * p50_ms + P99_FLOOR_MS
+
+
+def has_stalls(result) -> bool:
+    """A run whose slowest requests waited out the batcher's idle timeout."""
+    return result.p99_ms >= STALL_MS or result.p99_ms > stall_bound_ms(result.p50_ms)
 
 
 @pytest.fixture(scope="module", params=list(STALL_FREE), ids=list(STALL_FREE))
@@ -147,11 +153,11 @@ def test_no_batcher_stall_under_closed_loop_load(stall_free_server, model, conne
         result = generator.run(target, connections, SECONDS)
         assert result.errors == 0 and result.requests > 0, result
         runs.append(result)
-        if result.p99_ms <= stall_bound_ms(result.p50_ms):
+        if not has_stalls(result):
             return
     best = min(runs, key=lambda r: r.p99_ms - stall_bound_ms(r.p50_ms))
     pytest.fail(
         f"{model} at {connections} connections: p99 {best.p99_ms:.1f} ms > "
-        f"{stall_bound_ms(best.p50_ms):.1f} ms (p50 {best.p50_ms:.1f} ms) in each of "
-        f"{STALL_RUNS} runs: requests stalled; {runs}"
+        f"{min(stall_bound_ms(best.p50_ms), STALL_MS):.1f} ms (p50 {best.p50_ms:.1f} ms) in "
+        f"each of {STALL_RUNS} runs: requests stalled; {runs}"
     )
