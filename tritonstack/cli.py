@@ -87,11 +87,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from tritonstack import gateway as gw
-    from tritonstack.runtime import EmbeddedTriton
+    from tritonstack import llm
+    from tritonstack.runtime import EmbeddedTriton, default_cache_dir
     from tritonstack.supervisor import Supervisor
 
     gw.check_arguments(args)
     http_port, grpc_port = gw.triton_ports(args)
+    llm_plan = llm.plan(args, default_cache_dir())
     server = EmbeddedTriton(
         model_repository=args.model_repository,
         http_port=http_port,
@@ -99,6 +101,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         address=LOOPBACK if args.gateway else args.address,
         log_path=args.log_file,
+        extra_repositories=[llm_plan.repository] if llm_plan else [],
+        llm_model=llm_plan.model if llm_plan else None,
     )
     gateway = None
     stop = threading.Event()
@@ -112,6 +116,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     reload_keys = threading.Event()
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_keys.set())
     print(f"starting Triton (models in {args.model_repository})", flush=True)
+    if llm_plan:
+        print(llm_plan.describe(), flush=True)
     server.start(timeout=args.timeout)
     try:
         if args.gateway:
@@ -236,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not probe `pipeline` every second and restart Triton when it fails",
     )
     gateway_arguments(p)
+    from tritonstack.llm import add_arguments as llm_arguments
+
+    llm_arguments(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("infer", help="classify embeddings through a running Triton")

@@ -40,3 +40,14 @@ LABELS_FILE = "postprocess/labels.txt"
 #: Header that unlocks the restricted APIs, and the API groups it guards (Triton's names).
 ADMIN_HEADER = "tritonstack-admin-key"
 RESTRICTED_APIS = "model-repository,shared-memory,statistics,trace,logging"
+
+#: The LLM beside the classifier: its model name, and the model repository folder that holds it
+#: (its own, so the classifier's repository never needs vLLM).
+LLM_MODEL = "llm"
+LLM_REPOSITORY = "llm_repository"
+#: What the gateway lets through to it: the longest prompt in bytes, the most tokens one request
+#: may ask for (max_tokens, which every request must send: vLLM's own default is 16, which cuts
+#: answers short), and the generations in flight per replica before requests wait, then get 503.
+LLM_MAX_PROMPT_BYTES = 16384
+LLM_MAX_TOKENS = 1024
+LLM_STREAMS_PER_REPLICA = 16

