@@ -14,6 +14,7 @@ from tritonstack import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
+LLM_REPOSITORY = ROOT / contract.LLM_REPOSITORY
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

@@ -47,6 +47,7 @@ PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("tritonstack.top", "live per-model view of Triton's metrics in the terminal"),
     "soak": ("tritonstack.soak", "steady load for N minutes: RSS, /dev/shm and latency drift"),
     "up": ("tritonstack.stack", "Triton, Prometheus and the Locust web UI on loopback, no Docker"),
+    "generate": ("tritonstack.generate", "stream an answer from the LLM (serve --llm)"),
 }
 
 

@@ -51,3 +51,5 @@ LLM_REPOSITORY = "llm_repository"
 LLM_MAX_PROMPT_BYTES = 16384
 LLM_MAX_TOKENS = 1024
 LLM_STREAMS_PER_REPLICA = 16
+#: What this project's clients (tritonstack generate, Locust) ask for when told nothing.
+LLM_DEFAULT_MAX_TOKENS = 256

