@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from tests.support import LLM_REPOSITORY
 from tritonstack.contract import LLM_MODEL
 
 
@@ -197,3 +198,31 @@ def test_infer_is_refused_for_the_decoupled_model(llm_triton):
     answer = json.loads(response.read())
     assert response.status == 501  # Triton 2.51: "not supported"
     assert "decoupled" in answer["error"]
+
+
+def test_the_tiny_model_is_the_same_files_every_time(tmp_path):
+    """Generated on each fresh machine, so a rebuilt cache must hold the same model."""
+    import hashlib
+
+    from tritonstack.tinyllm import ensure_tiny_model
+
+    def digests(folder):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+    first = ensure_tiny_model(tmp_path / "a")
+    second = ensure_tiny_model(tmp_path / "b")
+    assert digests(first) == digests(second)
+    assert ensure_tiny_model(tmp_path / "a") == first  # a second call reuses the folder
+
+
+def test_model_json_holds_only_engine_arguments_vllm_knows():
+    """A misspelt engine argument fails the model's load; this catches it before a server does
+    (with the embedded runtime's vLLM; the container's may know fewer: docs/versions.md)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    engine = json.loads((LLM_REPOSITORY / LLM_MODEL / "1" / "model.json").read_text())
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    assert set(engine) <= known, set(engine) - known
+    AsyncEngineArgs(**engine)  # and the values are of the types it takes
