@@ -74,6 +74,16 @@ RUN_ELSEWHERE = {
         "tests/unit/test_kinds.py::test_make_test_runs_everything_and_test_unit_only_the_unit_folder"
     ),
     "tritonstack serve": "tests/functional/test_serve.py::test_signal_stops_triton_and_every_stub",
+    "make llm": "`make test` depends on it (.ci/run, on a fresh machine); "
+    "tests/unit/test_llm.py::test_make_llm_installs_the_lock_without_resolving_and_make_test_needs_it",
+    "tritonstack serve --llm": (
+        "tests/functional/test_llm_cli.py::test_serve_llm_serves_it_through_the_gateway_and_stops_"
+        "with_nothing_left"
+    ),
+    'tritonstack generate "What does Triton add to vLLM?" --max-tokens 64': (
+        "tests/functional/test_llm_cli.py::test_generate_streams_the_greedy_answer_to_stdout_and_"
+        "its_numbers_to_stderr (with --url of the test's server)"
+    ),
     "tritonstack --project-dir ~/tritonstack check": (
         "tests/unit/test_package.py::test_project_dir_option_wins_over_the_variable_and_the_current_"
         "directory (an installed copy, a project elsewhere)"
