@@ -10,8 +10,9 @@ So each check, every `interval` seconds, looks in order at:
 1. tritonserver itself: exited means dead;
 2. the stubs recorded when the server became ready (`EmbeddedTriton.dead_stubs`): one that
    exited is dead, whichever instance requests happen to reach;
-3. a real inference through `pipeline` (classifier + postprocess), for what processes cannot
-   show: wrong or missing answers, a hung server. Its failure reason is classified
+3. a real inference through `pipeline` (classifier + postprocess), and a one-token generation
+   from `llm` when it is served (its engine runs in processes of its own), for what processes
+   cannot show: wrong or missing answers, a hung server. Its failure reason is classified
    (`classify_failure`): Triton's "Stub process ... is not healthy" is dead; a 503 (a queue
    policy's full queue or timeout, if a user adds one; the committed models have none) means the
    server is alive and shedding load, which a restart would only make worse, so it is not a
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME
+from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME, LLM_MODEL
 from tritonstack.errors import UserError
 from tritonstack.runtime import EmbeddedTriton
 
@@ -95,6 +96,35 @@ def deep_probe(
         client.close()
 
 
+def llm_probe(http_url: str, timeout: float = 10.0) -> str | None:
+    """A one-token greedy generation from `llm`; None when it answered text, else the reason.
+
+    The engine runs in vLLM's own processes, under the model's stub: when they die the stub
+    lives on and answers every request with an error, which only a real request shows.
+    """
+    import http.client
+    import json
+
+    host, port = http_url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    body = {"text_input": "ok", "max_tokens": 1, "temperature": 0}
+    try:
+        connection.request("POST", f"/v2/models/{LLM_MODEL}/generate", json.dumps(body))
+        response = connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            return (
+                f"{LLM_MODEL} answered [{response.status}] {answer[:300].decode(errors='replace')}"
+            )
+        if "text_output" not in json.loads(answer):
+            return f"{LLM_MODEL} answered without text_output"
+        return None
+    except (OSError, ValueError) as exc:
+        return f"{LLM_MODEL}: {exc}"
+    finally:
+        connection.close()
+
+
 @dataclass
 class Streak:
     """Consecutive failed checks, and whether they call for a restart."""
@@ -138,6 +168,9 @@ class Supervisor:
     interval: float = 1.0
     failures_to_restart: int = 2
     probe_timeout: float = 2.0
+    #: A one-token generation waits for vLLM's next step, which a CPU engine under load takes
+    #: seconds to reach; a hung engine still fails it.
+    llm_probe_timeout: float = 10.0
     start_timeout: float = 180.0
     stop_grace: float = 3.0
     log: Callable[[str], None] = print
@@ -153,6 +186,8 @@ class Supervisor:
         if dead:
             return Failure.DEAD, f"Python stub exited: {', '.join(dead)}"
         reason = deep_probe(self.server.http_url, self.probe_timeout)
+        if reason is None and LLM_MODEL in self.server.served:
+            reason = llm_probe(self.server.http_url, self.llm_probe_timeout)
         return None if reason is None else (classify_failure(reason), reason)
 
     def watch(self, stop: threading.Event) -> None:

@@ -65,7 +65,10 @@ def engine_processes(root: psutil.Process) -> list[psutil.Process]:
 
 
 def test_serve_llm_serves_it_through_the_gateway_and_stops_with_nothing_left():
+    """Also: the vLLM engine killed under it (the stub lives on, answering errors) is found by
+    the supervisor's one-token probe and Triton is restarted."""
     process, ports = start_serve(REPOSITORY, "--llm")
+    gateway = f"http://127.0.0.1:{ports[0]}"
     try:
         lines = wait_for_line(process, "Ctrl-C stops the server", timeout=240)
         text = "\n".join(lines)
@@ -73,11 +76,18 @@ def test_serve_llm_serves_it_through_the_gateway_and_stops_with_nothing_left():
         assert f"ready: classifier, classify, pipeline, postprocess, {LLM_MODEL}" in text, text
         engines = engine_processes(psutil.Process(process.pid))
         assert engines, "no vLLM engine process under tritonstack serve"
-        result = generate(
-            "Through the gateway", "--url", f"http://127.0.0.1:{ports[0]}", "--max-tokens", "8"
-        )
+        result = generate("Through the gateway", "--url", gateway, "--max-tokens", "8")
         assert result.returncode == 0, result.stderr
         assert "8 tokens" in result.stderr
+
+        for engine in engines:
+            engine.kill()
+        lines = wait_for_line(process, "recovered:", timeout=240)
+        assert any(f"{LLM_MODEL} answered [500]" in line for line in lines), lines
+        result = generate("Again", "--url", gateway, "--max-tokens", "4")
+        assert result.returncode == 0, result.stderr
+        engines = engine_processes(psutil.Process(process.pid))
+
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0

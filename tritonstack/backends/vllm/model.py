@@ -352,7 +352,8 @@ class TritonPythonModel:
             self._responses.put((sender, pb_utils.InferenceResponse(error=error), final))
         except Exception as exc:
             self.logger.log_error(f"[vllm] generation failed: {exc!r}")
-            error = pb_utils.TritonError(f"generation failed: {exc}")
+            # INTERNAL (HTTP 500): without a code the 2.51 stub reports a client error (400).
+            error = pb_utils.TritonError(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL)
             self._responses.put((sender, pb_utils.InferenceResponse(error=error), final))
 
     def _read(self, request):
