@@ -39,6 +39,8 @@ READERS = {
     "blackbox": Reader("root", 0, 0),
     "secrets": Reader("root", 0, 0),
     "triton": Reader("triton-server", 1000, 1000),
+    # NVIDIA's vLLM image run as its triton-server user (compose `user: "1000:1000"`).
+    "triton-llm": Reader("triton-server", 1000, 1000),
     "perf-analyzer": Reader("root", 0, 0),
 }
 

@@ -4,6 +4,10 @@ The compose file's targets are service names (triton:8002, DNS discovery of Locu
 on one machine without Docker the same jobs must point at loopback ports instead. Rendering from
 the committed file, rather than keeping a second one, means the scrape jobs, intervals and rule
 files that the tests prove are exactly the ones compose deploys.
+
+Compose's `triton-llm` job (the llm profile's own Triton) has no native counterpart: natively
+`tritonstack serve --llm` serves `llm` on the classifier's Triton, so its vllm:* series come
+with job `triton`, and the job is left out.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import yaml
 from tritonstack.project import project_dir
 
 PROMETHEUS_DIR = project_dir() / "prometheus"
+#: Compose jobs whose server is, natively, the one job `triton` already scrapes.
+SAME_TRITON_NATIVELY = frozenset({"triton-llm"})
 
 
 def render(
@@ -41,6 +47,8 @@ def render(
     jobs = []
     for job in config["scrape_configs"]:
         if job["job_name"] == "gateway" and not gateway_metrics:
+            continue
+        if job["job_name"] in SAME_TRITON_NATIVELY:
             continue
         if job["job_name"] != "deep_probe":
             jobs.append(job)

@@ -138,3 +138,23 @@ def test_gateway_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
     # compose's generated key stands in for a keys file beyond loopback
     generated = {**env, "GATEWAY_GENERATED_API_KEYS": str(keys)}
     assert haproxy_check(generated).returncode == 0
+
+
+# --- the llm profile ----------------------------------------------------------------------------
+
+
+def llm_healthcheck(gpu: dict, http_url: str) -> subprocess.CompletedProcess:
+    """triton-llm's healthcheck command, run here against `http_url` instead of its own port."""
+    test = gpu["services"]["triton-llm"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python3", "-c"]
+    code = test[3].replace("127.0.0.1:8000", http_url)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+
+
+def test_llm_healthcheck_passes_once_llm_is_ready_and_not_before(gpu, llm_triton, triton) -> None:
+    """Against the real Triton: ready where `llm` is served (the embedded vLLM backend, the
+    same endpoint as the container's), failing where the server is up but `llm` is not."""
+    assert llm_healthcheck(gpu, llm_triton.http_url).returncode == 0
+    missing = llm_healthcheck(gpu, triton.http_url)
+    # Triton answers an unknown model's readiness with 400 (no `llm` here): an error status.
+    assert missing.returncode != 0 and "HTTP Error 400" in missing.stderr

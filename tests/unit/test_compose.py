@@ -20,12 +20,15 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.support import REPOSITORY, ROOT, compose_seconds, require_tool
+from tests.support import IN_CI, LLM_REPOSITORY, REPOSITORY, ROOT, compose_seconds, require_tool
 from tritonstack import contract
 from tritonstack.repository import iter_models
 
 COMPOSE = ROOT / "docker-compose.yml"
 CPU = ROOT / "compose.cpu.yml"
+#: Where triton-llm finds the LLM's repository and the shared flags.
+LLM_TARGET = "/opt/tritonstack/llm_repository"
+FLAGS = ROOT / "scripts" / "tritonserver.flags"
 HEALTHCHECK = ROOT / "scripts" / "healthcheck.py"
 SKIP_DIRS = {".git", ".venv", "venv", ".pytest_cache", ".ruff_cache", "__pycache__", "build"}
 
@@ -38,7 +41,7 @@ def tool(name: str) -> str:
 
 def run(*command: str) -> subprocess.CompletedProcess:
     """Without the variables compose interpolates, so a developer's shell changes nothing."""
-    prefixes = ("GRAFANA_", "TRITON", "TRT_", "COMPOSE_", "DOCKER_")
+    prefixes = ("GRAFANA_", "TRITON", "TRT_", "COMPOSE_", "DOCKER_", "HF_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
 
@@ -240,16 +243,18 @@ def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict
     private = "secrets:/run/secrets/tritonstack:ro"  # the admin key, Grafana's password
     callers = "client-keys:/run/secrets/tritonstack-clients:ro"  # the probe's and Locust's keys
     mounts = {name: s.get("volumes", []) for name, s in gpu["services"].items()}
-    # perf-analyzer (the bench profile) reads the admin key for the statistics API.
+    # perf-analyzer (the bench profile) reads the admin key for the statistics API; triton-llm
+    # (the llm profile) guards its admin APIs with it, as triton does.
     readers = {n for n, v in mounts.items() if private in v}
-    assert readers == {"grafana", "triton", "gateway", "perf-analyzer"}
+    assert readers == {"grafana", "triton", "gateway", "perf-analyzer", "triton-llm"}
     assert {n for n, v in mounts.items() if callers in v} == {
         "blackbox", "locust-master", "locust-worker"
     }  # fmt: skip
     assert {probe_key, locust_key} == {
         p for p in generated if p.startswith("/run/secrets/tritonstack-clients/")
     }  # fmt: skip
-    for name in ("grafana", "triton", "gateway", "blackbox", "locust-master", "locust-worker"):
+    for name in ("grafana", "triton", "gateway", "blackbox", "locust-master", "locust-worker",
+                 "triton-llm"):  # fmt: skip
         service = gpu["services"][name]
         assert service["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
     assert "secrets:/run/secrets/tritonstack:rw" in secrets["volumes"]
@@ -336,11 +341,13 @@ def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
     for name, service in gpu["services"].items():
         image = service["image"]
         assert re.fullmatch(r"[\w./-]+:[\w.-]+", image) and not image.endswith(":latest"), name
-        if service.get("profiles"):  # one-shot jobs (the GPU bench): neither healthy nor restarted
+        if service.get("profiles") == ["bench"]:  # a job run by hand: neither healthy nor restarted
             assert "restart" not in service and "ports" not in service, name
             continue
-        if name == "secrets":  # one-shot, before the services that read its files
+        # One-shot, before the services that read their files: the secrets, the LLM's cache owner.
+        if name in ("secrets", "llm-cache"):
             assert service["restart"] == "no" and "ports" not in service
+            assert service["network_mode"] == "none", name
             continue
         assert service["healthcheck"]["test"][0] == "CMD", name
         assert service["restart"] == "unless-stopped", name
@@ -351,6 +358,7 @@ def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
         "secrets",
         "client-keys",
         "triton-cache",
+        "hf-cache",
         "prometheus-data",
         "grafana-data",
     }
@@ -365,6 +373,8 @@ def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
     assert published == {
         "gateway": ["127.0.0.1", "127.0.0.1"],
         "triton": [],  # clients reach Triton only through the gateway
+        "triton-llm": [],  # ... and the LLM's Triton too
+        "llm-cache": [],
         "prometheus": ["127.0.0.1"],
         "blackbox": [],
         "secrets": [],
@@ -415,8 +425,8 @@ def test_prometheus_targets_are_compose_services(gpu: dict) -> None:
         for dns in job.get("dns_sd_configs", []):
             targets.extend(f"{name}:{dns['port']}" for name in dns["names"])
     assert targets == [
-        "triton:8002", "gateway:8404", "gateway:8000", "blackbox:9115", "locust-master:9646",
-        "locust-worker:9646",
+        "triton:8002", "triton-llm:8002", "gateway:8404", "gateway:8000", "blackbox:9115",
+        "locust-master:9646", "locust-worker:9646",
     ]  # fmt: skip
     blackbox = gpu["services"]["blackbox"]["volumes"][0].split(":")[0]
     assert Path(ROOT / blackbox).resolve() == ROOT / "prometheus" / "blackbox.yml"
@@ -526,6 +536,10 @@ def test_images_match_the_pinned_releases(gpu: dict) -> None:
     assert gpu["services"]["perf-analyzer"]["image"] == (
         f"nvcr.io/nvidia/tritonserver:{release[1]}-py3-sdk"
     )
+    # The LLM runs Triton's vLLM image of the same release (26.07: vLLM 0.24).
+    assert gpu["services"]["triton-llm"]["image"] == (
+        f"nvcr.io/nvidia/tritonserver:{release[1]}-vllm-python-py3"
+    )
     pins = dict(re.findall(r'"([\w-]+)==([^"]+)"', (ROOT / "pyproject.toml").read_text()))
     assert f"FROM locustio/locust:{pins['locust']}" in (ROOT / "Dockerfile.locust").read_text()
     assert f"numpy=={pins['numpy']}" in dockerfile
@@ -557,6 +571,215 @@ def test_dockerignore_lets_every_copy_source_through() -> None:
             sources = [s for s in line.split()[:-1] if not s.startswith("--")]
             for source in sources:
                 assert any(source == a or source.startswith(a + "/") for a in allowed), source
+
+
+# --- the llm profile: the LLM's Triton --------------------------------------------------------
+
+
+def compose_v2() -> str:
+    """`docker` with the Compose v2 plugin, the one that knows profiles (v1's `config` lists
+    every service whatever the profile)."""
+    docker = require_tool("docker")
+    version = run(docker, "compose", "version", "--short")
+    if version.returncode or not version.stdout.startswith("2."):
+        message = "docker compose (v2) is not installed (.ci/run installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return docker
+
+
+def test_the_llm_never_starts_without_its_profile(env_file: Path) -> None:
+    """What `up` starts is what `config --services` lists: triton-llm and its cache's one-shot
+    only with `--profile llm`, on the GPU file and with the CPU overlay alike."""
+    docker = compose_v2()
+    llm = {"triton-llm", "llm-cache"}
+    for files in ((COMPOSE,), (COMPOSE, CPU)):
+        base = [docker, "compose", "--project-directory", str(ROOT), "--env-file", str(env_file)]
+        base += [arg for f in files for arg in ("-f", str(f))]
+        plain = run(*base, "config", "--services")
+        with_profile = run(*base, "--profile", "llm", "config", "--services")
+        assert plain.returncode == 0 and with_profile.returncode == 0, plain.stderr
+        assert not llm & set(plain.stdout.split()), plain.stdout
+        assert set(with_profile.stdout.split()) == set(plain.stdout.split()) | llm
+
+
+def test_llm_shares_triton_s_gpu_network_and_user(gpu: dict) -> None:
+    from tritonstack.mounts import READERS
+
+    llm, triton = gpu["services"]["triton-llm"], gpu["services"]["triton"]
+    assert llm["profiles"] == ["llm"]
+    assert llm["deploy"] == triton["deploy"]  # one GPU, reserved the same way
+    # On the network the gateway shares with triton, reachable only there, on the contract's
+    # ports; nothing depends on it, so nothing without the profile asks for it.
+    assert llm.get("networks") == triton.get("networks") and "network_mode" not in llm
+    assert "ports" not in llm
+    ports = {contract.HTTP_PORT, contract.GRPC_PORT, contract.METRICS_PORT}
+    assert {int(p) for p in llm["expose"]} == ports
+    assert all("triton-llm" not in s.get("depends_on", {}) for s in gpu["services"].values())
+    gateway = gpu["services"]["gateway"]["environment"]
+    assert gateway["LLM_DNS_NAME"] == "triton-llm"
+    assert int(gateway["LLM_HTTP_PORT"]) == contract.HTTP_PORT
+    assert int(gateway["LLM_GRPC_PORT"]) == contract.GRPC_PORT
+    # After the classifier's Triton is healthy: vLLM counts the GPU memory free at its start.
+    assert llm["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert llm["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
+    # NVIDIA's non-root user, as triton; the admin key is written for it.
+    uid, gid = (int(n) for n in llm["user"].split(":"))
+    assert (uid, gid) == (READERS["triton-llm"].uid, READERS["triton-llm"].gid)
+    assert uid == READERS["triton"].uid
+
+
+def test_llm_runs_read_only_and_writes_only_to_its_volumes(gpu: dict) -> None:
+    """A read-only root: the Hugging Face cache is the hf-cache volume, made writable for the
+    server's user by the one-shot llm-cache, and every other cache is under the /tmp tmpfs,
+    which allows exec (compiled kernels are loaded from there)."""
+    llm = gpu["services"]["triton-llm"]
+    env = llm["environment"]
+    assert llm["read_only"] is True
+    assert llm["cap_drop"] == ["ALL"] and llm["security_opt"] == ["no-new-privileges:true"]
+    assert llm["init"] is True
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in llm["volumes"]}
+    assert mounts[env["HF_HOME"]] == "hf-cache"
+    (tmp,) = llm["tmpfs"]
+    path, options = tmp.split(":")
+    assert path == "/tmp" and "exec" in options.split(",") and "noexec" not in options
+    assert env["HOME"].startswith(path)
+    cache = gpu["services"]["llm-cache"]
+    assert cache["profiles"] == llm["profiles"]
+    assert f"hf-cache:{env['HF_HOME']}:rw" in cache["volumes"]
+    assert cache["command"] == ["chown", llm["user"], env["HF_HOME"]]
+    assert cache["cap_add"] == ["CHOWN"] and cache["cap_drop"] == ["ALL"]
+    assert llm["depends_on"]["llm-cache"]["condition"] == "service_completed_successfully"
+    assert _bytes(llm["shm_size"]) >= _bytes(gpu["services"]["triton"]["shm_size"])
+    # HF_TOKEN: passed through from the environment when set, never required, no default.
+    assert "HF_TOKEN" in env and env["HF_TOKEN"] is None
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["HF_HUB_DISABLE_TELEMETRY"] == "1"
+
+
+def test_llm_drains_within_the_gateway_s_stop_bounds(gpu: dict) -> None:
+    """Compose stops the gateway and triton-llm at once (neither depends on the other): Triton's
+    drain outlasts the gateway's soft stop, so no stream the gateway relays is cut by Triton,
+    and Docker's SIGKILL comes after both."""
+    from tritonstack.gateway import SOFT_STOP_SECONDS
+
+    llm = gpu["services"]["triton-llm"]
+    gateway = gpu["services"]["gateway"]
+    drain = int(llm["environment"]["TRITON_EXIT_TIMEOUT_SECS"])
+    assert SOFT_STOP_SECONDS < drain < compose_seconds(llm["stop_grace_period"])
+    assert compose_seconds(gateway["stop_grace_period"]) <= compose_seconds(
+        llm["stop_grace_period"]
+    )
+    assert drain == int(gpu["services"]["triton"]["environment"]["TRITON_EXIT_TIMEOUT_SECS"])
+
+
+def test_llm_healthcheck_waits_for_the_model_and_its_first_download(gpu: dict) -> None:
+    check = gpu["services"]["triton-llm"]["healthcheck"]
+    assert check["test"][:3] == ["CMD", "python3", "-c"]
+    url = f"http://127.0.0.1:{contract.HTTP_PORT}/v2/models/{contract.LLM_MODEL}/ready"
+    assert f"u.urlopen('{url}', timeout=4)" in check["test"][3]
+    assert compose_seconds(check["timeout"]) > 4  # urlopen gives up first, with its error
+    assert compose_seconds(check["start_period"]) >= 600  # ~1 GB download + vLLM's start
+
+
+def llm_command(gpu: dict) -> list[str]:
+    """triton-llm's command as Docker receives it: compose reads `$$` as `$`."""
+    raw = yaml.safe_load(COMPOSE.read_text())["services"]["triton-llm"]["command"]
+    # A lone `$` would be compose's interpolation (of the host's variables), not the script's.
+    assert not any(re.search(r"(?<!\$)\$(?!\$)", re.sub(r"\$\$", "", arg)) for arg in raw)
+    command = gpu["services"]["triton-llm"]["command"]
+    assert command == raw  # nothing interpolated
+    return [arg.replace("$$", "$") for arg in command]
+
+
+def run_llm_command(gpu: dict, tmp_path: Path, **env: str) -> list[str]:
+    """The command, run by bash with its mounts' host paths and a fake tritonserver that
+    records the arguments it was exec'd with."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "tritonserver").exists():
+        (bin_dir / "tritonserver").symlink_to(ROOT / "tests" / "fakes" / "fake_tritonserver")
+    command = llm_command(gpu)
+    assert command[:2] == ["bash", "-c"]
+    script = command[2]
+    for volume in gpu["services"]["triton-llm"]["volumes"]:
+        source, target = volume.split(":")[:2]
+        if source.startswith("/"):
+            script = script.replace(target, source)
+    service_env = gpu["services"]["triton-llm"]["environment"]
+    argv = tmp_path / "argv"
+    environment = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "FAKE_ARGV": str(argv),
+        "TRITON_EXIT_TIMEOUT_SECS": service_env["TRITON_EXIT_TIMEOUT_SECS"],
+        **env,
+    }
+    result = subprocess.run(["bash", "-c", script], env=environment, capture_output=True,
+                            text=True, timeout=30)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return argv.read_text().splitlines()
+
+
+def restricted(key: str) -> list[str]:
+    api = f"{contract.RESTRICTED_APIS}:{contract.ADMIN_HEADER}={key}"
+    return [f"--http-restricted-api={api}", f"--grpc-restricted-protocol={api}"]
+
+
+def test_llm_command_passes_the_shared_flags_and_the_admin_key(gpu: dict, tmp_path: Path) -> None:
+    """The flags scripts/tritonserver.flags gives every Triton of the stack, the LLM's repository
+    (mounted read-only), the contract's ports, and the admin APIs behind the generated key."""
+    key_file = tmp_path / "admin-key"
+    key_file.write_text("k" * 48)
+    argv = run_llm_command(gpu, tmp_path, TRITONSTACK_ADMIN_KEY_FILE=str(key_file))
+    shared = [
+        line.strip()
+        for line in FLAGS.read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    assert argv == [
+        f"--model-repository={LLM_REPOSITORY}",
+        *shared,
+        "--exit-timeout-secs=20",
+        f"--http-port={contract.HTTP_PORT}",
+        f"--grpc-port={contract.GRPC_PORT}",
+        f"--metrics-port={contract.METRICS_PORT}",
+        "--allow-gpu-metrics=false",
+        *restricted("k" * 48),
+    ]
+    # The key file is the one the secrets service writes for triton-llm's user.
+    llm = gpu["services"]["triton-llm"]
+    secrets = gpu["services"]["secrets"]["environment"]["TRITONSTACK_SECRETS"].split()
+    owners = {entry.split(":")[0]: entry.split(":")[1] for entry in secrets}
+    assert owners[llm["environment"]["TRITONSTACK_ADMIN_KEY_FILE"]] == llm["user"].split(":")[0]
+
+
+def test_llm_command_takes_a_key_from_the_environment_or_keeps_the_admin_apis_shut(
+    gpu: dict, tmp_path: Path
+) -> None:
+    """Kubernetes gives the key as TRITONSTACK_ADMIN_KEY (from an optional Secret); with no key
+    at all each start picks a random one, which nobody knows."""
+    given = run_llm_command(gpu, tmp_path, TRITONSTACK_ADMIN_KEY="e" * 40)
+    assert given[-2:] == restricted("e" * 40)
+    first = run_llm_command(gpu, tmp_path)[-1].rsplit("=", 1)[1]
+    second = run_llm_command(gpu, tmp_path)[-1].rsplit("=", 1)[1]
+    assert len(first) >= 32 and first != second
+
+
+def test_llm_command_flags_are_ones_the_real_tritonserver_knows(gpu: dict, tmp_path: Path) -> None:
+    from tritonstack.runtime import EmbeddedTriton, pytriton_root
+
+    binary = pytriton_root() / "bin" / "tritonserver"
+    env = EmbeddedTriton(REPOSITORY).environment()
+    help_text = subprocess.run([str(binary), "--help"], env=env, capture_output=True, text=True,
+                               timeout=60)  # fmt: skip
+    known = {
+        line.split()[0]
+        for line in (help_text.stdout + help_text.stderr).splitlines()
+        if line.startswith("  --")
+    }
+    assert "--grpc-restricted-protocol" in known, help_text.stdout[-2000:]
+    argv = run_llm_command(gpu, tmp_path, TRITONSTACK_ADMIN_KEY="x" * 32)
+    assert {arg.split("=", 1)[0] for arg in argv} - known == set()
 
 
 # --- linters ----------------------------------------------------------------------------------
@@ -687,6 +910,9 @@ def test_model_repository_is_read_only_for_the_server(gpu: dict) -> None:
     assert "./model_repository:/opt/tritonstack/model_repository:ro" in compose
     mounts = [str(v) for v in gpu["services"]["triton"].get("volumes", [])]
     assert all("model_repository" not in m or m.endswith(":ro") for m in mounts)
+    # The LLM's repository, mounted into NVIDIA's image unchanged: read-only as well.
+    llm = [str(v) for v in gpu["services"]["triton-llm"]["volumes"]]
+    assert f"{LLM_REPOSITORY}:{LLM_TARGET}:ro" in llm
 
 
 def test_gpu_bench_profile_is_the_one_the_benchmark_docs_describe(gpu: dict) -> None:

@@ -180,6 +180,14 @@ def test_compose_scrapes_every_triton_replica_and_the_gateway_and_probes_through
     }
     # `--scale triton=2`: the service name resolves to every replica, each scraped.
     assert jobs["triton"]["dns_sd_configs"][0]["names"] == ["triton"]
+    # The llm profile's Triton, by DNS too: without the profile the name does not resolve and
+    # the job has no target, instead of a static one that is down whenever the profile is off.
+    assert jobs["triton-llm"] == {
+        "job_name": "triton-llm",
+        "dns_sd_configs": [
+            {"names": ["triton-llm"], "type": "A", "port": 8002, "refresh_interval": "15s"}
+        ],
+    }
     assert jobs["gateway"]["static_configs"] == [{"targets": ["gateway:8404"]}]
     # The deep probe goes where a client's request goes: through the gateway.
     assert jobs["deep_probe"]["static_configs"][0]["targets"] == [
@@ -195,3 +203,14 @@ def test_rendering_points_the_gateway_job_at_its_local_exporter():
         "job_name": "triton",
         "static_configs": [{"targets": ["127.0.0.1:8002"]}],
     }
+
+
+def test_natively_the_llm_is_scraped_with_the_classifier_s_triton():
+    """`tritonstack serve --llm` serves `llm` on the one embedded Triton, whose metrics port job
+    `triton` scrapes: the compose-only job `triton-llm` is left out of the loopback rendering
+    (with a target there it would scrape the same port twice)."""
+    committed = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]
+    assert "triton-llm" in {job["job_name"] for job in committed}
+    rendered = yaml.safe_load(render("127.0.0.1:8002", gateway_metrics="127.0.0.1:8404"))
+    names = [job["job_name"] for job in rendered["scrape_configs"]]
+    assert names == ["triton", "gateway", "locust"]
