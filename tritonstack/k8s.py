@@ -15,7 +15,12 @@ on any difference. Edit the sources, then run `python -m tritonstack.k8s`:
 - loadtest/ and model_repository/postprocess/labels.txt -> components/locust/generated/
   loadtest.yaml, the ConfigMap Locust mounts (the labels it checks answers against, as labels.txt);
 - docker-compose.yml's image tags -> generated/images.yaml in base and in the Locust component:
-  kustomize ImageTagTransformers, so the pods run the tags compose runs.
+  kustomize ImageTagTransformers, so the pods run the tags compose runs (the default stack's
+  services; the LLM component's, components/llm/generated/images.yaml, from the llm profile's);
+- the LLM's model folder (llm_repository/llm) and scripts/tritonserver.flags ->
+  components/llm/generated/llm-repository.yaml, the ConfigMap its pod mounts;
+- docker-compose.yml's triton-llm command -> components/llm/generated/command.yaml, a patch giving
+  the pod the same command (compose and Kubernetes both read `$$` as a literal `$`).
 
 `python -m tritonstack.k8s --check` writes nothing and exits 1 naming every stale file.
 """
@@ -30,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from tritonstack.contract import LABELS_FILE
+from tritonstack.contract import LABELS_FILE, LLM_MODEL, LLM_REPOSITORY
 from tritonstack.project import project_dir
 
 ROOT = project_dir()
@@ -42,6 +47,13 @@ LOADTEST_DIR = ROOT / "loadtest"
 #: The class labels Locust checks answers against; the ConfigMap carries it as labels.txt.
 LOCUST_LABELS = ROOT / "model_repository" / LABELS_FILE
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+#: The LLM's model folder and the tritonserver flags every Triton of the stack shares.
+LLM_MODEL_DIR = ROOT / LLM_REPOSITORY / LLM_MODEL
+TRITON_FLAGS = ROOT / "scripts" / "tritonserver.flags"
+#: docker-compose.yml's LLM service and profile, and the Deployment and container that run it.
+LLM_SERVICE = "triton-llm"
+LLM_PROFILE = "llm"
+LLM_CONTAINER = "triton"
 #: What Locust needs at run time (Dockerfile.locust installs requirements.txt into the image).
 LOADTEST_SUFFIXES = (".py", ".conf", ".txt")
 PART_OF = {"app.kubernetes.io/part-of": "tritonstack"}
@@ -160,16 +172,23 @@ def manifest_images(kubernetes_dir: Path = KUBERNETES_DIR) -> set[str]:
     return names
 
 
-def image_tags(compose_file: Path = COMPOSE_FILE) -> list[dict]:
+def image_tags(compose_file: Path = COMPOSE_FILE, profile: str | None = None) -> list[dict]:
     """An ImageTagTransformer for each image both compose and the manifests run: compose's tag
-    wins, so the pods run the builds compose runs (pushed under the same name and tag)."""
+    wins, so the pods run the builds compose runs (pushed under the same name and tag).
+
+    `profile` None: the services of the default stack (no `profiles`); else that profile's. One
+    image name may carry different tags across profiles (Triton's SDK image for the bench, its
+    vLLM image for the LLM), never within one set: that is an error, not a silent choice."""
     services = yaml.safe_load(compose_file.read_text())["services"]
     used = manifest_images()
     tags: dict[str, str] = {}
     for service in services.values():
+        profiles = service.get("profiles", [])
+        if (profile is None and profiles) or (profile is not None and profile not in profiles):
+            continue
         name, _, tag = service.get("image", "").rpartition(":")
-        if name in used and "/" not in tag:
-            tags[name] = tag
+        if name in used and "/" not in tag and tags.setdefault(name, tag) != tag:
+            raise ValueError(f"{compose_file}: {name} has tags {tags[name]} and {tag}")
     return [
         {
             "apiVersion": "builtin",
@@ -179,6 +198,38 @@ def image_tags(compose_file: Path = COMPOSE_FILE) -> list[dict]:
         }
         for name, tag in sorted(tags.items())
     ]
+
+
+def llm_configmap(model_dir: Path = LLM_MODEL_DIR, flags: Path = TRITON_FLAGS) -> dict:
+    """The LLM's config.pbtxt and 1/model.json, and the shared tritonserver flags, one key each
+    (components/llm/triton-llm.yaml mounts them where Triton reads them)."""
+    data = {
+        "config.pbtxt": (model_dir / "config.pbtxt").read_text(),
+        "model.json": (model_dir / "1" / "model.json").read_text(),
+        "tritonserver.flags": flags.read_text(),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": LLM_SERVICE, "labels": dict(PART_OF)},
+        "data": data,
+    }
+
+
+def llm_command_patch(compose_file: Path = COMPOSE_FILE) -> dict:
+    """A patch giving the LLM's container compose's `command` as its args: both keep the image's
+    ENTRYPOINT, and both read `$$` as a literal `$` (compose's interpolation escape, the
+    kubelet's for `$(VAR)` references), so the text is the same."""
+    service = yaml.safe_load(compose_file.read_text())["services"][LLM_SERVICE]
+    command = service["command"]
+    if not isinstance(command, list):
+        raise ValueError(f"{compose_file}: {LLM_SERVICE}'s command must be a list")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": LLM_SERVICE},
+        "spec": {"template": {"spec": {"containers": [{"name": LLM_CONTAINER, "args": command}]}}},
+    }
 
 
 def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
@@ -198,6 +249,13 @@ def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
     images = _header(_relative(COMPOSE_FILE)) + _documents(image_tags())
     files[generated / "images.yaml"] = images
     files[kubernetes_dir / "components" / "locust" / "generated" / "images.yaml"] = images
+    llm = kubernetes_dir / "components" / "llm" / "generated"
+    compose_llm = f"{_relative(COMPOSE_FILE)}'s {LLM_SERVICE}"
+    files[llm / "images.yaml"] = _header(compose_llm) + _documents(image_tags(profile=LLM_PROFILE))
+    files[llm / "command.yaml"] = _header(compose_llm) + _documents([llm_command_patch()])
+    files[llm / "llm-repository.yaml"] = _header(
+        f"{_relative(LLM_MODEL_DIR)}/{{config.pbtxt,1/model.json}}", _relative(TRITON_FLAGS)
+    ) + _documents([llm_configmap()])
     if not HAPROXY_CFG.is_file():
         raise FileNotFoundError(f"{HAPROXY_CFG} not found: the gateway's config is its source")
     files[generated / "haproxy.cfg"] = _header(_relative(HAPROXY_CFG)) + HAPROXY_CFG.read_text()

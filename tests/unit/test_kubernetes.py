@@ -33,8 +33,11 @@ KUBERNETES = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 OVERLAYS = ("gpu", "cpu")
 COMPONENTS = ("locust", "keda", "api-keys")
+#: The LLM (vLLM needs a GPU): on the GPU overlay, alone and with every other component.
+LLM_VARIANTS = [("gpu", ("llm",)), ("gpu", (*COMPONENTS, "llm"))]
 #: Every overlay alone, and each with every optional component.
 VARIANTS = [(overlay, ()) for overlay in OVERLAYS] + [(o, COMPONENTS) for o in OVERLAYS]
+VARIANTS += LLM_VARIANTS
 CRD_FILES = {
     ("monitoring.coreos.com", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
     ("monitoring.coreos.com", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
@@ -489,11 +492,14 @@ def test_only_the_gateway_reaches_triton_and_only_prometheus_the_metrics(
     rendered, overlay, components
 ) -> None:
     objects = rendered[(overlay, components)]
-    triton = find(objects, "NetworkPolicy", "triton")
+    # The classifier's Triton, and the LLM's with its component: the same rules for both.
+    servers = ["triton", *(["triton-llm"] if "llm" in components else [])]
     gateway_pods = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "gateway"}}}
-    assert admitted(triton, "http") == [gateway_pods]
-    assert admitted(triton, "grpc") == [gateway_pods]
-    assert admitted(triton, "metrics") == [PROMETHEUS_PEER]
+    for name in servers:
+        triton = find(objects, "NetworkPolicy", name)
+        assert admitted(triton, "http") == [gateway_pods], name
+        assert admitted(triton, "grpc") == [gateway_pods], name
+        assert admitted(triton, "metrics") == [PROMETHEUS_PEER], name
     gateway = find(objects, "NetworkPolicy", "gateway")
     assert admitted(gateway, "metrics") == [PROMETHEUS_PEER]
     variables = gateway_environment(objects)
@@ -508,7 +514,7 @@ def test_only_the_gateway_reaches_triton_and_only_prometheus_the_metrics(
         assert admitted(gateway, "http") == admitted(gateway, "grpc") == [{"podSelector": {}}]
         assert "GATEWAY_API_KEYS" not in variables
     # Each policy's pod selector picks its Deployment's pods; every named port exists.
-    for name in ("triton", "gateway"):
+    for name in (*servers, "gateway"):
         policy = find(objects, "NetworkPolicy", name)
         pod = find(objects, "Deployment", name)["spec"]["template"]
         assert (
@@ -529,12 +535,13 @@ def test_only_the_gateway_reaches_triton_and_only_prometheus_the_metrics(
 
 
 def test_pod_monitors_scrape_the_metrics_ports_like_prometheus_yml(rendered) -> None:
-    objects = rendered[("gpu", COMPONENTS)]
+    objects = rendered[("gpu", (*COMPONENTS, "llm"))]
     interval = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())["global"]
     for name, deployment in (
         ("triton", "triton"),
         ("gateway", "gateway"),
         ("locust", "locust-master"),
+        ("triton-llm", "triton-llm"),
     ):
         monitor = find(objects, "PodMonitor", name)
         labels = find(objects, "Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
@@ -635,3 +642,139 @@ def test_locust_checks_answers_against_the_repositorys_labels(rendered) -> None:
         data = find(objects, "ConfigMap", volume["configMap"]["name"])["data"]
         labels = (REPOSITORY / contract.LABELS_FILE).read_bytes()
         assert data[path.name].encode() == labels, deployment
+
+
+# --- the LLM component ----------------------------------------------------------------------
+
+
+def llm_service() -> dict:
+    return compose()["services"]["triton-llm"]
+
+
+def llm_pod(objects: list[dict]) -> dict:
+    return find(objects, "Deployment", "triton-llm")["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(("overlay", "components"), LLM_VARIANTS)
+def test_llm_runs_compose_s_image_command_and_environment(rendered, overlay, components) -> None:
+    """docker-compose.yml's triton-llm: the image (tag generated from compose), the command
+    verbatim (`$$` is a literal `$` for the kubelet as for compose) and its environment, less
+    what Kubernetes gives another way (the admin key and the token, from optional Secrets)."""
+    llm = container(rendered[(overlay, components)], "triton-llm")
+    service = llm_service()
+    assert llm["image"] == service["image"]
+    assert llm["args"] == service["command"] and "command" not in llm
+    variables = {e["name"]: e for e in llm["env"]}
+    elsewhere = {"TRITONSTACK_ADMIN_KEY_FILE", "HF_TOKEN"}
+    for name, value in service["environment"].items():
+        if name not in elsewhere:
+            assert variables[name].get("value") == value, name
+    for name, secret in (("TRITONSTACK_ADMIN_KEY", "tritonstack-admin"), ("HF_TOKEN", "hf-token")):
+        reference = variables[name]["valueFrom"]["secretKeyRef"]
+        assert reference["name"] == secret and reference["optional"] is True, name
+    # The admin key's Secret is base triton.yaml's.
+    base = {e["name"]: e for e in container(rendered[(overlay, components)], "triton")["env"]}
+    assert variables["TRITONSTACK_ADMIN_KEY"] == base["TRITONSTACK_ADMIN_KEY"]
+
+
+def test_llm_component_s_image_is_pinned_only_for_its_own_deployment(rendered) -> None:
+    """NVIDIA's tritonserver name carries other tags in compose (the bench's SDK image): the
+    component's tag comes from the llm profile alone, and the base keeps no transformer for it."""
+    assert not any(t["imageTag"]["name"] == "nvcr.io/nvidia/tritonserver" for t in k8s.image_tags())
+    (tag,) = k8s.image_tags(profile="llm")
+    assert f"{tag['imageTag']['name']}:{tag['imageTag']['newTag']}" == llm_service()["image"]
+    images = {c["image"] for o in rendered[LLM_VARIANTS[-1]] if o["kind"] == "Deployment"
+              for c in o["spec"]["template"]["spec"]["containers"]}  # fmt: skip
+    assert all(":" in image for image in images), images
+
+
+def test_llm_pod_mounts_the_model_where_the_command_serves_it(rendered) -> None:
+    """The ConfigMap (llm_repository/llm and scripts/tritonserver.flags, generated) is mounted
+    at the model's own directory inside the repository the command names, never at its root,
+    where the kubelet's `..data` folders would be taken for models; every path the server
+    writes is a volume, so the root stays read-only."""
+    objects = rendered[("gpu", ("llm",))]
+    pod = llm_pod(objects)
+    llm = pod["containers"][0]
+    mounts = {m["mountPath"]: m for m in llm["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    script = llm["args"][2].replace("$$", "$")
+    repository = re.search(r"--model-repository=(\S+)", script)[1]
+    model = mounts[f"{repository}/{contract.LLM_MODEL}"]
+    source = volumes[model["name"]]["configMap"]
+    assert model["readOnly"] is True
+    data = find(objects, "ConfigMap", source["name"])["data"]
+    files = {item["path"]: data[item["key"]] for item in source["items"]}
+    folder = ROOT / contract.LLM_REPOSITORY / contract.LLM_MODEL
+    assert files == {
+        "config.pbtxt": (folder / "config.pbtxt").read_text(),
+        "1/model.json": (folder / "1" / "model.json").read_text(),
+    }
+    flags_path = re.search(r"(\S+/tritonserver\.flags)", script)[1]
+    flags = mounts[flags_path]
+    assert data[flags["subPath"]] == (ROOT / "scripts" / "tritonserver.flags").read_text()
+    variables = env(llm)
+    for writable in ("/tmp", "/dev/shm", variables["HF_HOME"]):
+        assert "emptyDir" in volumes[mounts[writable]["name"]], writable
+    assert variables["HOME"].startswith("/tmp")
+    shm = volumes[mounts["/dev/shm"]["name"]]["emptyDir"]
+    assert shm["medium"] == "Memory"
+    assert shm["sizeLimit"] == str(llm_service()["shm_size"]).replace("g", "Gi")
+
+
+def test_llm_probes_wait_for_the_model_and_the_pod_drains_like_triton(rendered) -> None:
+    objects = rendered[("gpu", ("llm",))]
+    pod = llm_pod(objects)
+    llm = pod["containers"][0]
+    ready = f"/v2/models/{contract.LLM_MODEL}/ready"
+    assert llm["startupProbe"]["httpGet"] == {"path": ready, "port": "http"}
+    assert llm["readinessProbe"]["httpGet"] == {"path": ready, "port": "http"}
+    assert llm["livenessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    startup = llm["startupProbe"]
+    healthcheck = llm_service()["healthcheck"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= seconds(
+        healthcheck["start_period"]
+    )
+    # Base triton.yaml's stop: preStop, drain (compose's value), grace.
+    triton = find(objects, "Deployment", "triton")["spec"]["template"]["spec"]
+    assert llm["lifecycle"] == triton["containers"][0]["lifecycle"]
+    assert pod["terminationGracePeriodSeconds"] == triton["terminationGracePeriodSeconds"]
+    exit_timeout = int(env(llm)["TRITON_EXIT_TIMEOUT_SECS"])
+    assert exit_timeout > gateway_module.SOFT_STOP_SECONDS
+    pre_stop = int(llm["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + exit_timeout
+
+
+def test_llm_gets_a_gpu_node_and_the_image_user(rendered) -> None:
+    objects = rendered[("gpu", ("llm",))]
+    pod = llm_pod(objects)
+    gpu_triton = find(objects, "Deployment", "triton")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"] == gpu_triton["nodeSelector"]
+    assert pod["tolerations"] == gpu_triton["tolerations"]
+    uid, gid = (int(n) for n in llm_service()["user"].split(":"))
+    context = pod["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"]) == (uid, gid)
+
+
+@pytest.mark.parametrize(("overlay", "components"), LLM_VARIANTS)
+def test_gateway_finds_the_llm_through_its_headless_service(rendered, overlay, components) -> None:
+    objects = rendered[(overlay, components)]
+    variables = gateway_environment(objects)
+    assert variables["LLM_DNS_NAME"] == "triton-llm.$(POD_NAMESPACE).svc.cluster.local"
+    # $(POD_NAMESPACE) expands only if the variable is defined earlier in the list.
+    names = [e["name"] for e in container(objects, "gateway")["env"]]
+    assert names.index("POD_NAMESPACE") < names.index("LLM_DNS_NAME")
+    service = find(objects, "Service", "triton-llm")
+    assert service["spec"]["clusterIP"] == "None"
+    labels = find(objects, "Deployment", "triton-llm")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    ports = {p["name"]: p["containerPort"] for p in container(objects, "triton-llm")["ports"]}
+    assert int(variables["LLM_HTTP_PORT"]) == ports["http"] == contract.HTTP_PORT
+    assert int(variables["LLM_GRPC_PORT"]) == ports["grpc"] == contract.GRPC_PORT
+    assert ports["metrics"] == contract.METRICS_PORT
+    assert {p["port"] for p in service["spec"]["ports"]} == set(ports.values())
+    # Every variable set is one haproxy.cfg reads (a typo would silently use a default).
+    assert set(variables) - {"POD_NAMESPACE"} <= haproxy_variables()
+    # Without the component the gateway has no LLM to look up (its llm routes answer 503).
+    assert "LLM_DNS_NAME" not in gateway_environment(rendered[(overlay, ())])
