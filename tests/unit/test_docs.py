@@ -122,6 +122,10 @@ RUN_ELSEWHERE = {
         f"{STACK_TEST}::test_stop_under_load_loses_nothing_in_flight_and_start_keeps_the_secrets"
     ),
     "docker compose down -v": f"{STACK_TEST} (the stack fixture's teardown: `down --volumes`)",
+    "docker compose --profile llm config --services": (
+        "tests/unit/test_compose.py::test_the_llm_never_starts_without_its_profile (with and "
+        "without the profile, on the GPU file and with the CPU overlay)"
+    ),
     "make standin-images": (
         "tests/unit/test_standins.py::test_make_standin_images_runs_the_builder; the compose "
         "stack's session fixture (tests/functional/conftest.py) runs the same builder"
@@ -140,6 +144,10 @@ CANNOT_RUN_HERE = {
     "tests/unit/test_compose.py::test_images_match_the_pinned_releases pins these tags",
     "docker compose --profile bench run --rm perf-analyzer": "needs a Docker engine and a GPU; "
     "tests/unit/test_compose.py::test_gpu_bench_profile_is_the_one_the_benchmark_docs_describe",
+    "docker compose --profile llm up -d --build": "needs a GPU and NVIDIA's vLLM image (no "
+    "registry here); tests/unit/test_compose.py validates the service offline and runs its command "
+    "with a fake tritonserver, tests/functional/test_compose.py::test_llm_healthcheck_passes_once_"
+    "llm_is_ready_and_not_before runs its healthcheck against the embedded runtime's vLLM backend",
     "apt-get install wrk": "installs a system package (root); .ci/run installs it in CI",
 }
 
