@@ -214,3 +214,20 @@ def test_natively_the_llm_is_scraped_with_the_classifier_s_triton():
     rendered = yaml.safe_load(render("127.0.0.1:8002", gateway_metrics="127.0.0.1:8404"))
     names = [job["job_name"] for job in rendered["scrape_configs"]]
     assert names == ["triton", "gateway", "locust"]
+
+
+def test_the_llm_rules_name_only_the_served_llm_and_scraped_jobs():
+    """llm.yml names the model once (LLMMetricsMissing: without vllm:* series nothing else tells
+    an LLM from the classifier's models) and a job once (LLMTargetDown): both must be what the
+    project serves and scrapes."""
+    from tritonstack.contract import LLM_MODEL
+
+    groups = yaml.safe_load((PROMETHEUS / "rules" / "llm.yml").read_text())["groups"]
+    exprs = " ".join(rule["expr"] for group in groups for rule in group["rules"])
+    assert set(re.findall(r'model="([^"]*)"', exprs)) == {LLM_MODEL}
+    scraped = {
+        job["job_name"]
+        for job in yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]
+    }
+    named = set(re.findall(r'job="([^"]*)"', exprs))
+    assert named and named <= scraped, f"{named - scraped} not scraped by prometheus.yml"
