@@ -10,8 +10,8 @@ Every panel's queries are defined once, in `DASHBOARDS`, as plain data (`PanelSp
 the builder turns them into JSON, and the tests enumerate the same objects, so the drift test
 (tests/unit/test_dashboards.py) and the live test (tests/functional/test_observability_live.py,
 which runs every query against a real Prometheus scraping a real Triton) cannot miss a panel.
-Panels query the recording rules of prometheus/rules/triton.yml where one exists, so Grafana and
-the alerts agree.
+Panels query the recording rules of prometheus/rules/*.yml where one exists, so Grafana and the
+alerts agree.
 
 The JSON is written with sorted keys and fixed uids, so a regeneration that changes nothing
 changes no byte, and a diff shows exactly what moved.
@@ -50,6 +50,9 @@ class PanelSpec:
     exempt_on_cpu: str | None = None
     #: Series that only exist while the load generator runs (Locust's exporter).
     needs_load_generator: bool = False
+    #: Series that only exist while the LLM is served (its vllm:* metrics): proven by
+    #: tests/functional/test_observability_llm.py on the LLM's server, not by the classifier's.
+    needs_llm: bool = False
     stacked: bool = False
     width: int = 12
 
@@ -378,14 +381,121 @@ GATEWAY = RowSpec(
     ),
 )
 
+#: What a first token, a token and a whole answer take, from the vllm:* histograms through the
+#: recording rules of prometheus/rules/llm.yml. Triton's own nv_* series count the LLM's requests
+#: (rows "Traffic" and "Latency") but neither its errors nor its generation time: a decoupled
+#: model's request counts as a success, in well under a millisecond, when execute() hands it to
+#: the engine.
+LLM = RowSpec(
+    "LLM",
+    (
+        PanelSpec(
+            "LLM time to first token p50 / p90 / p99",
+            "From a request's arrival in vLLM to its first token: queueing and prefill, what a "
+            "streaming user waits before any text. p99 above 1 s for 5 minutes fires "
+            "LLMTimeToFirstTokenHigh.",
+            "s",
+            tuple(
+                Query(
+                    f"model:vllm_time_to_first_token_seconds:{quantile}_rate1m{{{MODEL}}}",
+                    f"{{{{model}}}} {quantile}",
+                )
+                for quantile in ("p50", "p90", "p99")
+            ),
+            needs_llm=True,
+            width=8,
+        ),
+        PanelSpec(
+            "LLM time per output token p50 / p99",
+            "Between two tokens of one answer (inter-token latency): the streaming speed.",
+            "s",
+            tuple(
+                Query(
+                    f"model:vllm_time_per_output_token_seconds:{quantile}_rate1m{{{MODEL}}}",
+                    f"{{{{model}}}} {quantile}",
+                )
+                for quantile in ("p50", "p99")
+            ),
+            needs_llm=True,
+            width=8,
+        ),
+        PanelSpec(
+            "LLM end-to-end generation p99",
+            "A whole generation in vLLM, from arrival to the last token.",
+            "s",
+            (
+                Query(
+                    f"model:vllm_e2e_request_latency_seconds:p99_rate1m{{{MODEL}}}",
+                    "{{model}} p99",
+                ),
+            ),
+            needs_llm=True,
+            width=8,
+        ),
+        PanelSpec(
+            "LLM tokens/s",
+            "Tokens generated per second, and prompt tokens prefilled per second.",
+            "suffix:tokens/s",
+            (
+                Query(f"model:vllm_generation_tokens:rate1m{{{MODEL}}}", "{{model}} generated"),
+                Query(f"model:vllm_prompt_tokens:rate1m{{{MODEL}}}", "{{model}} prompt"),
+            ),
+            needs_llm=True,
+            width=8,
+        ),
+        PanelSpec(
+            "LLM requests/s: received and finished",
+            "Requests Triton handed to the model, and requests vLLM generated to the end; the "
+            "gap is requests refused, failed or cancelled.",
+            "reqps",
+            (
+                Query(
+                    f"model:nv_inference_requests:rate1m{{{MODEL}}}"
+                    " and on (model) model:vllm_requests_finished:rate1m",
+                    "{{model}} received",
+                ),
+                Query(f"model:vllm_requests_finished:rate1m{{{MODEL}}}", "{{model}} finished"),
+            ),
+            needs_llm=True,
+            width=8,
+        ),
+        PanelSpec(
+            "LLM requests not finished (5 min)",
+            "Share of the requests Triton handed to the model that vLLM did not generate to the "
+            "end: refused as invalid (4xx), failed, or cancelled by the client. The LLM's error "
+            "ratio: Triton's failure counter stays 0 for it. Above 10 % for 10 minutes fires "
+            "LLMRequestsUnfinished.",
+            "percentunit",
+            (Query(f"model:vllm_requests_unfinished:ratio_rate5m{{{MODEL}}}", "{{model}}"),),
+            needs_llm=True,
+            width=8,
+        ),
+        PanelSpec(
+            "LLM prompt and answer length p50 / p99",
+            "Tokens per prompt and per generated answer, of finished requests.",
+            "suffix:tokens",
+            tuple(
+                Query(
+                    f"model:vllm_request_{kind}_tokens:{quantile}_rate1m{{{MODEL}}}",
+                    f"{{{{model}}}} {name} {quantile}",
+                )
+                for kind, name in (("prompt", "prompt"), ("generation", "answer"))
+                for quantile in ("p50", "p99")
+            ),
+            needs_llm=True,
+            width=24,
+        ),
+    ),
+)
+
 DASHBOARDS: tuple[DashboardSpec, ...] = (
     DashboardSpec(
         uid="tritonstack-triton",
         title="Triton: serving",
         description="The gateway's traffic and refusals, Triton's traffic, batching, latency, "
-        "the models' own metrics and resources. "
+        "the models' own metrics, resources and the LLM's tokens and latencies. "
         "Generated by tritonstack/dashboards.py: edit the code, then `tritonstack dashboards`.",
-        rows=(TRAFFIC, LATENCY, MODELS, RESOURCES, GATEWAY),  # appended: panel ids stay
+        rows=(TRAFFIC, LATENCY, MODELS, RESOURCES, GATEWAY, LLM),  # appended: panel ids stay
     ),
 )
 

@@ -148,3 +148,32 @@ def test_provisioning_points_grafana_at_the_dashboards_and_the_datasource():
         (ROOT / "grafana/provisioning/datasources/prometheus.yml").read_text()
     )["datasources"]
     assert [d["uid"] for d in datasources if d["type"] == "prometheus"] == ["prometheus"]
+
+
+def test_the_llm_row_shows_every_llm_rule_and_only_it_needs_the_llm():
+    """tests/functional/test_observability_llm.py proves the panels marked needs_llm on the LLM's
+    server, the classifier's live test every other panel: each LLM recording rule is on a
+    marked panel, and no unmarked panel reads a vllm:* series."""
+    rules = [
+        rule["record"]
+        for group in yaml.safe_load((ROOT / "prometheus/rules/llm.yml").read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    ]
+    marked = [panel for _, panel in dashboards.panels() if panel.needs_llm]
+    exprs = " ".join(query.expr for panel in marked for query in panel.queries)
+    assert rules and [rule for rule in rules if rule not in exprs] == []
+    assert all(panel.title.startswith("LLM ") for panel in marked)
+    for _, panel in dashboards.panels():
+        if not panel.needs_llm:
+            assert not any("vllm" in query.expr for query in panel.queries), panel.title
+    titles = " | ".join(panel.title for panel in marked).lower()
+    for words in (
+        "time to first token p50 / p90 / p99",
+        "time per output token p50 / p99",
+        "tokens/s",
+        "requests/s",
+        "not finished",
+        "prompt and answer length p50 / p99",
+    ):
+        assert words in titles, f"no LLM panel for {words!r}"
