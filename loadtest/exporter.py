@@ -7,13 +7,18 @@ the client's view as a histogram, so p50/p95/p99 come from Prometheus across all
     histogram_quantile(0.99, sum by (le, model) (
         rate(tritonstack_client_request_duration_seconds_bucket[1m])))
 
-Metrics (labels `user_type`: http_json | http_binary | grpc, `model`: classifier | pipeline |
-classify):
+Metrics (labels `user_type`: http_json | http_binary | grpc | llm_stream, `model`: classifier |
+pipeline | classify | llm):
 
-- `tritonstack_client_request_duration_seconds` histogram, buckets 0.5 ms to 500 ms;
+- `tritonstack_client_request_duration_seconds` histogram, buckets 0.5 ms to 500 ms (the
+  classifier's requests);
 - `tritonstack_client_requests_total` counter, every request, failed or not (as Locust counts);
 - `tritonstack_client_failures_total` counter, failed requests, including answers that failed
-  content validation.
+  content validation;
+- the LLM user's: `tritonstack_client_llm_request_duration_seconds` (a whole streamed answer,
+  buckets 0.1 s to 60 s), `tritonstack_client_llm_time_to_first_token_seconds` and
+  `tritonstack_client_llm_inter_token_latency_seconds` (buckets as the `vllm:*` histograms of
+  Triton's vLLM backend, the ITL's from 1 ms), `tritonstack_client_llm_output_tokens_total`.
 
 Recorded from Locust's `request` event, which every user type fires (FastHttpUser itself, the gRPC
 user by hand), so all types count alike. The event fires in the process that ran the request: in
@@ -32,6 +37,7 @@ import logging
 import os
 from pathlib import Path
 
+import gates
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -49,6 +55,20 @@ LABELS = ("user_type", "model")
 BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
     0.1, 0.15, 0.2, 0.3, 0.5,
+)  # fmt: skip
+
+#: The LLM's: time to first token as vllm:time_to_first_token_seconds, inter-token latency as
+#: vllm:time_per_output_token_seconds below 10 ms too (a small model on a GPU is that fast), a
+#: whole answer as vllm:e2e_request_latency_seconds below 1 s too.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5,
+)  # fmt: skip
+LLM_REQUEST_BUCKETS = (
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
 )  # fmt: skip
 
 disable_created_metrics()  # no `_created` series: dashboards and rules never use them
@@ -73,6 +93,36 @@ FAILURES = Counter(
     registry=REGISTRY,
 )
 
+LLM_DURATION = Histogram(
+    "tritonstack_client_llm_request_duration_seconds",
+    "Streamed LLM answer seen by the Locust client, from sending to the last event.",
+    LABELS,
+    buckets=LLM_REQUEST_BUCKETS,
+    registry=REGISTRY,
+)
+LLM_TTFT = Histogram(
+    "tritonstack_client_llm_time_to_first_token_seconds",
+    "Time from sending a generate_stream request to the first event carrying a token.",
+    LABELS,
+    buckets=TTFT_BUCKETS,
+    registry=REGISTRY,
+)
+LLM_ITL = Histogram(
+    "tritonstack_client_llm_inter_token_latency_seconds",
+    "Time between consecutive token-carrying events of a streamed answer.",
+    LABELS,
+    buckets=ITL_BUCKETS,
+    registry=REGISTRY,
+)
+LLM_TOKENS = Counter(
+    "tritonstack_client_llm_output_tokens",
+    "Output tokens received in streamed LLM answers, failed answers included.",
+    LABELS,
+    registry=REGISTRY,
+)
+#: Request types that are timings within a request (gates.py), not requests.
+TIMINGS = {gates.TTFT: LLM_TTFT, gates.ITL: LLM_ITL}
+
 logger = logging.getLogger(__name__)
 
 
@@ -86,10 +136,18 @@ def add_arguments(parser) -> None:
     )
 
 
-def on_request(response_time, exception=None, context=None, **_kwargs) -> None:
+def on_request(response_time, request_type="", exception=None, context=None, **_kwargs) -> None:
     context = context or {}
     labels = (context.get("user_type", "unknown"), context.get("model", "unknown"))
-    DURATION.labels(*labels).observe(response_time / 1000.0)
+    if request_type in TIMINGS:
+        TIMINGS[request_type].labels(*labels).observe(response_time / 1000.0)
+        return
+    tokens = context.get("output_tokens")  # set by the LLM user only
+    if tokens is None:
+        DURATION.labels(*labels).observe(response_time / 1000.0)
+    else:
+        LLM_DURATION.labels(*labels).observe(response_time / 1000.0)
+        LLM_TOKENS.labels(*labels).inc(tokens)
     REQUESTS.labels(*labels).inc()
     failures = FAILURES.labels(*labels)  # exists at 0 from the first request: rate() sees it start
     if exception is not None:

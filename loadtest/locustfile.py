@@ -3,11 +3,13 @@
     locust -f loadtest/locustfile.py --config loadtest/locust.conf --host http://127.0.0.1:8000
 
 Options (command line, locust.conf, LOCUST_<NAME> variables, and the web UI's form):
-`--model` classifier | pipeline | classify, `--user-type` http_json | http_binary | grpc,
-`--rows` 1-64 | mix, `--shape` step | spike | soak (empty: constant load), `--grpc-host`
-(default: the --host's name on `--grpc-port`, 8001), `--labels-file`, `--api-key-file` (the
-gateway's key, for a gateway published beyond loopback). Gates (`--max-p99-ms`,
-`--max-fail-ratio`) are in gates.py, the Prometheus exporter in exporter.py.
+`--model` classifier | pipeline | classify, `--user-type` http_json | http_binary | grpc |
+llm_stream (the LLM's generate_stream; --model and --rows do not apply to it), `--rows` 1-64 |
+mix, `--shape` step | spike | soak (empty: constant load), `--grpc-host` (default: the --host's
+name on `--grpc-port`, 8001), `--labels-file`, `--api-key-file` (the gateway's key, for a
+gateway published beyond loopback), and for llm_stream `--max-tokens` and `--stop-at-eos`.
+Gates (`--max-p99-ms`, `--max-fail-ratio`, `--max-ttft-p99-ms`, `--max-itl-p99-ms`) are in
+gates.py, the Prometheus exporter in exporter.py.
 
 The user type and the shape are options rather than Locust's user-class arguments and one
 LoadTestShape class per shape, because Locust always runs the first shape class a locustfile
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import exporter
 import gates
+import generation
 from locust import LoadTestShape, events
 from shapes import SHAPES
 from users import (
@@ -29,13 +32,14 @@ from users import (
     GrpcUser,
     HttpBinaryUser,
     HttpJsonUser,
+    LlmStreamUser,
     parse_rows,
     read_api_key,
     read_labels,
 )
 
 # Locust runs the User classes it finds in this module; SelectedShape picks one per --user-type.
-__all__ = ["GrpcUser", "HttpBinaryUser", "HttpJsonUser", "SelectedShape"]
+__all__ = ["GrpcUser", "HttpBinaryUser", "HttpJsonUser", "LlmStreamUser", "SelectedShape"]
 
 MODELS = tuple(MODEL_OUTPUTS)
 
@@ -51,7 +55,8 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--user-type", choices=sorted(USER_TYPES), default="http_json",
-        env_var="LOCUST_USER_TYPE", help="protocol: KServe JSON, binary tensors, or gRPC",
+        env_var="LOCUST_USER_TYPE",
+        help="KServe JSON, binary tensors or gRPC; llm_stream: the LLM's generate_stream",
     )  # fmt: skip
     parser.add_argument(
         "--rows", default="1", env_var="LOCUST_ROWS",
@@ -74,6 +79,17 @@ def add_arguments(parser) -> None:
         include_in_web_ui=False, help="the class labels responses must come from",
     )  # fmt: skip
     parser.add_argument(
+        "--max-tokens", type=int, default=generation.DEFAULT_MAX_TOKENS,
+        env_var="LOCUST_MAX_TOKENS",
+        help=f"llm_stream: tokens per answer, 1-{generation.MAX_TOKENS} (at most, with "
+        "--stop-at-eos)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stop-at-eos", action="store_true", default=False, env_var="LOCUST_STOP_AT_EOS",
+        help="llm_stream: let answers end at the model's end-of-sequence token (default: ignore "
+        "it, so every answer is --max-tokens long and runs compare)",
+    )  # fmt: skip
+    parser.add_argument(
         "--api-key-file", default="", env_var="LOCUST_API_KEY_FILE", include_in_web_ui=False,
         help="file with the gateway's API key, sent as Authorization: Bearer (empty: none)",
     )  # fmt: skip
@@ -86,6 +102,10 @@ def check_options(environment, **_kwargs) -> None:
     if options is None:
         return
     try:
+        if not 1 <= options.max_tokens <= generation.MAX_TOKENS:
+            raise ValueError(
+                f"--max-tokens must be from 1 to {generation.MAX_TOKENS}, got {options.max_tokens}"
+            )
         parse_rows(options.rows)
         read_labels(options.labels_file)
         read_api_key(options.api_key_file)

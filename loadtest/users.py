@@ -1,25 +1,34 @@
 """Locust users: one class per way of calling Triton, each checking what comes back.
 
-Every user sends `features` FP32 [rows, 128] to one model and fails the request unless the answer
-is right in *content*, not only in status: the expected outputs with the expected shapes, scores
-that are probabilities, labels from the labels file, and (for `pipeline`) the label of the
-highest-scoring class. Options (model, rows, labels file, gRPC address) come from Locust's
-parsed options, so the command line, locust.conf, LOCUST_* variables and the web UI all set them;
-the target host comes from the environment, the only place a worker receives it.
+The classifier's users (http_json, http_binary, grpc) send `features` FP32 [rows, 128] to one
+model and fail the request unless the answer is right in *content*, not only in status: the
+expected outputs with the expected shapes, scores that are probabilities, labels from the labels
+file, and (for `pipeline`) the label of the highest-scoring class. Options (model, rows, labels
+file, gRPC address) come from Locust's parsed options, so the command line, locust.conf,
+LOCUST_* variables and the web UI all set them; the target host comes from the environment, the
+only place a worker receives it.
 
 Users wait zero seconds between requests: a closed loop where the number of users is the number
 of requests in flight, which is what drives Triton's dynamic batcher.
+
+The LLM's user (llm_stream) streams generations from /v2/models/llm/generate_stream instead; the
+answers are checked and timed by generation.py, and the timings reported as gates.py describes.
 """
 
 from __future__ import annotations
 
 import functools
+import http.client
+import itertools
 import json
 import random
+import ssl
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import gates
+import generation
 import grpc.experimental.gevent as grpc_gevent
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -54,6 +63,8 @@ DEFAULT_LABELS_FILE = (
     Path(__file__).resolve().parent.parent / "model_repository" / "postprocess" / "labels.txt"
 )
 TIMEOUT_S = 10.0
+#: Longest wait for the next event of a stream (a queued prompt waits for a free batch slot).
+STREAM_TIMEOUT_S = 60.0
 
 
 class ValidationError(Exception):
@@ -358,7 +369,107 @@ class GrpcUser(TritonUser):
         )
 
 
+class LlmStreamUser(User):
+    """Streaming generation from the LLM (serve --llm, compose's profile llm), one at a time.
+
+    Plain http.client over one kept-alive connection (Locust's gevent makes its socket
+    cooperative): it returns each line as it arrives, which is what the timings need, while
+    FastHttpUser's streamed body is read in blocks of a kilobyte, several events at a time. Each
+    request is reported through `environment.events.request` like the gRPC user's; then its
+    time to first token and each inter-token gap, as entries of the types gates.TTFT and
+    gates.ITL under the same name.
+    """
+
+    abstract = False
+    wait_time = constant(0)
+    user_type = "llm_stream"
+    request_name = f"{generation.LLM_MODEL} generate_stream"
+
+    def on_start(self) -> None:
+        options = self.environment.parsed_options
+        self.max_tokens = options.max_tokens
+        self.ignore_eos = not options.stop_at_eos
+        key = read_api_key(options.api_key_file)
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if key:
+            self.headers["Authorization"] = f"Bearer {key}"
+        self.prompts = itertools.cycle(generation.PROMPTS)
+        self.random = random.Random()
+        self.connection = self.connect(self.environment.host)
+
+    def on_stop(self) -> None:
+        connection, self.connection = getattr(self, "connection", None), None
+        if connection is not None:
+            connection.close()
+
+    @staticmethod
+    def connect(host: str | None) -> http.client.HTTPConnection:
+        """A connection to the target host (opened on first use, reopened after an error)."""
+        if not host:
+            raise ValueError("no target host: start Locust with --host (or set it in the web UI)")
+        url = urlsplit(host if "://" in host else f"http://{host}")
+        if url.scheme == "https":
+            # Unverified, like FastHttpUser's default (insecure = True): a load test talks to
+            # gateways with self-signed certificates.
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            return http.client.HTTPSConnection(
+                url.hostname, url.port, timeout=STREAM_TIMEOUT_S, context=context
+            )
+        return http.client.HTTPConnection(url.hostname, url.port, timeout=STREAM_TIMEOUT_S)
+
+    def context(self) -> dict:
+        return {"user_type": self.user_type, "model": generation.LLM_MODEL}
+
+    @task
+    def generate(self) -> None:
+        exception: Exception | None = None
+        length = 0
+        start = time.perf_counter()
+        stream = generation.Stream(start)
+        try:
+            prompt = generation.unique(next(self.prompts), self.random)
+            body = generation.request_body(prompt, self.max_tokens, self.ignore_eos)
+            self.connection.request("POST", generation.ROUTE, body, self.headers)
+            response = self.connection.getresponse()
+            if response.status != 200:
+                text = response.read()[:200].decode("utf-8", errors="replace")
+                raise generation.AnswerError(f"HTTP {response.status}: {text}")
+            for line in response:  # each line as soon as it arrives
+                length += len(line)
+                stream.feed(line, time.perf_counter())
+            stream.check(self.max_tokens, self.ignore_eos)
+        except generation.AnswerError as exc:
+            exception = exc
+        except (OSError, http.client.HTTPException) as exc:  # reset, timeout, malformed HTTP
+            exception = exc
+            self.connection.close()  # the next request opens a new one
+        elapsed_ms = (time.perf_counter() - start) * 1000.0
+        fire = self.environment.events.request.fire
+        context = {**self.context(), "output_tokens": stream.output_tokens}
+        fire(
+            request_type="POST",
+            name=self.request_name,
+            response_time=elapsed_ms,
+            response_length=length,
+            exception=exception,
+            context=context,
+        )
+        timings = [(gates.TTFT, stream.ttft_s)] if stream.ttft_s is not None else []
+        timings += [(gates.ITL, gap) for gap in stream.itl_s]
+        for kind, seconds in timings:
+            fire(
+                request_type=kind,
+                name=self.request_name,
+                response_time=seconds * 1000.0,
+                response_length=0,
+                exception=None,
+                context=self.context(),
+            )
+
+
 #: `--user-type` values.
-USER_TYPES: dict[str, type[TritonUser]] = {
-    cls.user_type: cls for cls in (HttpJsonUser, HttpBinaryUser, GrpcUser)
+USER_TYPES: dict[str, type[User]] = {
+    cls.user_type: cls for cls in (HttpJsonUser, HttpBinaryUser, GrpcUser, LlmStreamUser)
 }

@@ -12,7 +12,9 @@ standard library with gevent on import, which must not happen inside the caller 
 
 The gates are evaluated inside Locust by a `quitting` listener (loadtest/gates.py explains why);
 this module passes them through, and reads the verdict to print one line per outcome. Triton is
-never started here: point --host at `tritonstack serve` or the compose stack.
+never started here: point --host at `tritonstack serve` or the compose stack. `--llm` streams
+generations from the LLM instead (`tritonstack serve --llm`), and gates on its time to first
+token and inter-token latency as well.
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonstack.contract import GRPC_PORT, HTTP_PORT, LOOPBACK, MAX_BATCH_SIZE, PUBLIC_MODELS
+from tritonstack.contract import (
+    GRPC_PORT,
+    HTTP_PORT,
+    LLM_DEFAULT_MAX_TOKENS,
+    LLM_MAX_TOKENS,
+    LLM_MODEL,
+    LOOPBACK,
+    MAX_BATCH_SIZE,
+    PUBLIC_MODELS,
+)
 from tritonstack.errors import UserError
 from tritonstack.project import project_dir
 
@@ -37,6 +48,8 @@ LOADTEST_DIR = project_dir() / "loadtest"
 LOCUSTFILE = LOADTEST_DIR / "locustfile.py"
 LOCUST_CONF = LOADTEST_DIR / "locust.conf"
 USER_TYPES = ("http_json", "http_binary", "grpc")
+#: The Locust user type that streams generations from the LLM (loadtest/users.py).
+LLM_USER_TYPE = "llm_stream"
 SHAPES = ("step", "spike", "soak")
 #: Exit code of Locust when a gate failed (loadtest/gates.py GATE_FAILED_EXIT_CODE).
 GATE_FAILED_EXIT_CODE = 3
@@ -56,6 +69,9 @@ class LoadtestResult:
     exit_code: int
     results_dir: Path
     gate_failures: list[str] = field(default_factory=list)
+    #: The LLM user's timings: {"count", "p50_ms", "p95_ms", "p99_ms"}; None for the classifier.
+    ttft: dict | None = None
+    itl: dict | None = None
 
     @property
     def passed(self) -> bool:
@@ -65,10 +81,19 @@ class LoadtestResult:
         def ms(value: float | None) -> str:
             return "n/a" if value is None else f"{value:g} ms"
 
+        timings = "".join(
+            f"; {name} p50 {ms(timing['p50_ms'])}, p99 {ms(timing['p99_ms'])} "
+            f"({timing['count']} {what})"
+            for name, timing, what in (
+                ("time to first token", self.ttft, "answers"),
+                ("inter-token latency", self.itl, "gaps"),
+            )
+            if timing
+        )
         return (
             f"{self.requests} requests, {self.failures} failed ({self.fail_ratio:.2%}), "
             f"{self.rps:.1f} req/s, p50 {ms(self.p50_ms)}, p95 {ms(self.p95_ms)}, "
-            f"p99 {ms(self.p99_ms)}; results in {self.results_dir}"
+            f"p99 {ms(self.p99_ms)}{timings}; results in {self.results_dir}"
         )
 
 
@@ -87,14 +112,25 @@ def locust_command(
     max_p99_ms: float | None,
     max_fail_ratio: float | None,
     api_key_file: Path | None = None,
+    max_tokens: int = LLM_DEFAULT_MAX_TOKENS,
+    stop_at_eos: bool = False,
+    max_ttft_p99_ms: float | None = None,
+    max_itl_p99_ms: float | None = None,
 ) -> list[str]:
+    """The Locust command line; with `user_type` LLM_USER_TYPE, `model`, `rows` and `grpc_url`
+    do not apply and `max_tokens`, `stop_at_eos` and the TTFT / ITL gates do."""
+    if user_type == LLM_USER_TYPE:
+        target = ["--user-type", user_type, "--max-tokens", str(max_tokens)]
+        target += ["--stop-at-eos"] if stop_at_eos else []
+    else:
+        target = ["--grpc-host", grpc_url, "--model", model, "--user-type", user_type]
+        target += ["--rows", str(rows)]
     command = [
         sys.executable, "-m", "locust",
         "-f", str(LOCUSTFILE), "--config", str(LOCUST_CONF),
         "--headless", "--only-summary", "--loglevel", "INFO",
         "--host", f"http://{http_url.removeprefix('http://')}",
-        "--grpc-host", grpc_url,
-        "--model", model, "--user-type", user_type, "--rows", str(rows),
+        *target,
         f"--shape={shape or ''}",
         "--users", str(users), "--spawn-rate", f"{spawn_rate:g}",
         "--run-time", f"{max(1, round(duration_s))}s",
@@ -109,6 +145,10 @@ def locust_command(
         command += ["--max-p99-ms", f"{max_p99_ms:g}"]
     if max_fail_ratio is not None:
         command += ["--max-fail-ratio", f"{max_fail_ratio:g}"]
+    if max_ttft_p99_ms is not None:
+        command += ["--max-ttft-p99-ms", f"{max_ttft_p99_ms:g}"]
+    if max_itl_p99_ms is not None:
+        command += ["--max-itl-p99-ms", f"{max_itl_p99_ms:g}"]
     return command
 
 
@@ -128,10 +168,16 @@ def run_headless(
     max_p99_ms: float | None = None,
     max_fail_ratio: float | None = None,
     api_key_file: Path | None = None,
+    max_tokens: int = LLM_DEFAULT_MAX_TOKENS,
+    stop_at_eos: bool = False,
+    max_ttft_p99_ms: float | None = None,
+    max_itl_p99_ms: float | None = None,
 ) -> LoadtestResult:
     """Run Locust headless against a running Triton and return its totals.
 
     `http_url` / `grpc_url` are "host:port" (the style of EmbeddedTriton.http_url). With
+    `user_type` LLM_USER_TYPE the users stream generations of `max_tokens` tokens from the LLM
+    (exactly that many unless `stop_at_eos`), and the result has its TTFT and ITL. With
     `metrics_port`, the exporter serves http://127.0.0.1:<metrics_port>/metrics while the run
     lasts; without it, nothing listens. LOCUST_* variables of the caller are not passed on, so a
     run depends on its arguments only. Raises UserError when Locust stops without a verdict.
@@ -157,6 +203,10 @@ def run_headless(
         max_p99_ms=max_p99_ms,
         max_fail_ratio=max_fail_ratio,
         api_key_file=api_key_file,
+        max_tokens=max_tokens,
+        stop_at_eos=stop_at_eos,
+        max_ttft_p99_ms=max_ttft_p99_ms,
+        max_itl_p99_ms=max_itl_p99_ms,
     )
     log = results_dir / "locust.log"
     with open(log, "wb") as output:
@@ -198,6 +248,8 @@ def run_headless(
         exit_code=exit_code,
         results_dir=results_dir,
         gate_failures=list(verdict["failed"]),
+        ttft=verdict.get("ttft"),
+        itl=verdict.get("itl"),
     )
 
 
@@ -252,9 +304,10 @@ def check_reachable(http_url: str, model: str, api_key: str | None = None) -> No
         raise UserError(f"model {model!r} is not ready at {http_url} (HTTP {exc.code})") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        serve, up = ("serve --llm", "--profile llm up") if model == LLM_MODEL else ("serve", "up")
         raise UserError(
             f"cannot reach Triton at {http_url} ({reason}); "
-            "start it with `tritonstack serve` or `docker compose up`"
+            f"start it with `tritonstack {serve}` or `docker compose {up}`"
         ) from None
 
 
@@ -286,6 +339,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-fail-ratio", type=float, default=None, help="gate: failed/all requests (0-1)"
     )
+    llm = parser.add_argument_group("the LLM (serve --llm): streaming generation")
+    llm.add_argument(
+        "--llm",
+        action="store_true",
+        help=f"stream generations from /v2/models/{LLM_MODEL}/generate_stream instead of "
+        "classifying (--model, --user-type, --rows and --grpc-host do not apply)",
+    )
+    llm.add_argument(
+        "--max-tokens",
+        type=int,
+        default=LLM_DEFAULT_MAX_TOKENS,
+        help=f"tokens per answer, 1-{LLM_MAX_TOKENS} (default {LLM_DEFAULT_MAX_TOKENS})",
+    )
+    llm.add_argument(
+        "--stop-at-eos",
+        action="store_true",
+        help="let answers end at the model's end-of-sequence token (default: every answer is "
+        "--max-tokens long, so runs compare)",
+    )
+    llm.add_argument(
+        "--max-ttft-p99-ms", type=float, default=None, help="gate: p99 time to first token"
+    )
+    llm.add_argument(
+        "--max-itl-p99-ms", type=float, default=None, help="gate: p99 inter-token latency"
+    )
     parser.add_argument(
         "--results",
         type=Path,
@@ -307,20 +385,31 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--users {args.users}: at least 1")
     if args.max_fail_ratio is not None and not 0 <= args.max_fail_ratio <= 1:
         raise UserError(f"--max-fail-ratio {args.max_fail_ratio:g}: a ratio from 0 to 1")
+    if not 1 <= args.max_tokens <= LLM_MAX_TOKENS:
+        raise UserError(f"--max-tokens {args.max_tokens}: from 1 to {LLM_MAX_TOKENS}")
+    llm_only = {"--max-ttft-p99-ms": args.max_ttft_p99_ms, "--max-itl-p99-ms": args.max_itl_p99_ms}
+    if not args.llm and any(value is not None for value in llm_only.values()):
+        named = ", ".join(name for name, value in llm_only.items() if value is not None)
+        raise UserError(f"{named}: the LLM's gates; add --llm")
     host = args.host.removeprefix("http://")
     grpc_host = args.grpc_host or f"{host.rsplit(':', 1)[0]}:{GRPC_PORT}"
     results = args.results or Path("results") / time.strftime("loadtest-%Y%m%d-%H%M%S")
-    check_reachable(host, args.model, read_api_key(args.api_key_file))
+    model = LLM_MODEL if args.llm else args.model
+    check_reachable(host, model, read_api_key(args.api_key_file))
+    what = (
+        f"{LLM_MODEL} generate_stream, {args.users} users, {args.max_tokens} tokens per answer"
+        if args.llm
+        else f"{args.model}, {args.user_type}, {args.users} users, rows {rows}"
+    )
     print(
-        f"loadtest: {args.model}, {args.user_type}, {args.users} users, rows {rows}, "
-        f"{args.shape or 'constant'} for {duration_s:g} s against {host}",
+        f"loadtest: {what}, {args.shape or 'constant'} for {duration_s:g} s against {host}",
         flush=True,
     )
     result = run_headless(
         http_url=host,
         grpc_url=grpc_host,
         model=args.model,
-        user_type=args.user_type,
+        user_type=LLM_USER_TYPE if args.llm else args.user_type,
         users=args.users,
         spawn_rate=args.spawn_rate or args.users,
         duration_s=duration_s,
@@ -331,6 +420,10 @@ def run(args: argparse.Namespace) -> int:
         max_p99_ms=args.max_p99_ms,
         max_fail_ratio=args.max_fail_ratio,
         api_key_file=args.api_key_file,
+        max_tokens=args.max_tokens,
+        stop_at_eos=args.stop_at_eos,
+        max_ttft_p99_ms=args.max_ttft_p99_ms,
+        max_itl_p99_ms=args.max_itl_p99_ms,
     )
     print(result.summary(), flush=True)
     if result.gate_failures:

@@ -46,6 +46,11 @@ WRITTEN_OUT = {
         "GRPC_PORT": "GRPC_PORT",
     },
     "loadtest/exporter.py": {"DEFAULT_PORT": "LOCUST_METRICS_PORT", "DEFAULT_ADDR": "LOOPBACK"},
+    "loadtest/generation.py": {
+        "LLM_MODEL": "LLM_MODEL",
+        "DEFAULT_MAX_TOKENS": "LLM_DEFAULT_MAX_TOKENS",
+        "MAX_TOKENS": "LLM_MAX_TOKENS",
+    },
     "scripts/healthcheck.py": {
         "INPUT_NAME": "INPUT_NAME",
         "INPUT_DATATYPE": "INPUT_DATATYPE",

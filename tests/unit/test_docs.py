@@ -107,6 +107,11 @@ RUN_ELSEWHERE = {
     "--max-fail-ratio 0.001": (
         "tests/functional/test_loadtest.py::test_cli_gate_fails_with_one_line_naming_the_gate"
     ),
+    "tritonstack loadtest --llm --users 4 --duration 6s --max-tokens 16 --max-ttft-p99-ms 2000 "
+    "--max-itl-p99-ms 500 --max-fail-ratio 0": (
+        "tests/functional/test_loadtest_llm.py::test_documented_llm_run_streams_valid_answers_and_"
+        "passes_its_gates (with --host of the session's LLM Triton)"
+    ),
     "locust -f loadtest/locustfile.py --config loadtest/locust.conf --host http://127.0.0.1:8000 "
     "--web-host 127.0.0.1": f"{UP_TEST}, which starts this web UI with the same files",
     "docker compose run --rm secrets show": (
