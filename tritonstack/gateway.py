@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY, processes
-from tritonstack.contract import GATEWAY_METRICS_PORT, GRPC_PORT, HTTP_PORT, LOOPBACK
+from tritonstack.contract import (
+    GATEWAY_METRICS_PORT,
+    GRPC_PORT,
+    HTTP_PORT,
+    LLM_MAX_PROMPT_BYTES,
+    LLM_MAX_TOKENS,
+    LLM_MODEL,
+    LLM_STREAMS_PER_REPLICA,
+    LOOPBACK,
+)
 from tritonstack.errors import UserError
 from tritonstack.project import project_dir
 
@@ -60,6 +69,14 @@ SOFT_STOP_SECONDS = 15
 BINARY_HEADER_BYTES = 8192
 #: Bytes of one FP32 value in a binary tensor.
 FP32_BYTES = 4
+#: Room in a generate request's body beside the prompt: every allowed key and parameter written
+#: out is under 1 kB; the rest is for stop strings.
+LLM_PARAMETER_BYTES = 4096
+#: Generations waiting at the gateway per LLM replica, and for how long, before a 503: a
+#: generation runs for seconds, so at 16 in flight a slot frees every few hundred ms; 8 waiting
+#: for up to 2 s get one, and more would wait longer than a retry after 1 s costs.
+LLM_QUEUE_PER_REPLICA = 8
+LLM_QUEUE_TIMEOUT_MS = 2000
 
 
 def haproxy_binary(option: str | None = None) -> str:
@@ -82,6 +99,9 @@ class Limits:
     models: tuple[str, ...]
     max_rows: int
     features: int
+    llm_model: str = LLM_MODEL
+    llm_max_prompt: int = LLM_MAX_PROMPT_BYTES
+    llm_max_tokens: int = LLM_MAX_TOKENS
 
     @property
     def max_body(self) -> int:
@@ -92,9 +112,13 @@ class Limits:
         return self.max_rows * self.features * FP32_BYTES + BINARY_HEADER_BYTES
 
     @property
+    def llm_max_body(self) -> int:
+        return self.llm_max_prompt + LLM_PARAMETER_BYTES
+
+    @property
     def bufsize(self) -> int:
         # A whole body plus headers must fit one buffer for the format check to see it.
-        return max(MIN_BUFSIZE, self.max_body + 16384)
+        return max(MIN_BUFSIZE, max(self.max_body, self.llm_max_body) + 16384)
 
     @property
     def rows_pattern(self) -> str:
@@ -111,7 +135,22 @@ class Limits:
             "GATEWAY_MAX_BODY": str(self.max_body),
             "GATEWAY_MAX_BINARY_BODY": str(self.max_binary_body),
             "GATEWAY_BUFSIZE": str(self.bufsize),
+            "GATEWAY_LLM_MODEL": self.llm_model,
+            "GATEWAY_LLM_GRPC_NAME": grpc_name_prefix(self.llm_model),
+            "GATEWAY_LLM_MAX_PROMPT": str(self.llm_max_prompt),
+            "GATEWAY_LLM_MAX_BODY": str(self.llm_max_body),
+            "GATEWAY_LLM_MAX_TOKENS": str(self.llm_max_tokens),
+            "GATEWAY_LLM_TOKENS_PATTERN": number_range_pattern(self.llm_max_tokens),
         }
+
+
+def grpc_name_prefix(model: str) -> str:
+    """How a gRPC ModelReady/ModelMetadata/ModelConfig request for `model` starts after gRPC's
+    5-byte message prefix, in hex: protobuf field 1 (tag 0x0A), its length, the name."""
+    name = model.encode()
+    if len(name) > 127:  # one length byte holds up to 127 (a varint)
+        raise ValueError(f"model name longer than 127 bytes: {model}")
+    return (bytes([0x0A, len(name)]) + name).hex().upper()
 
 
 def number_range_pattern(highest: int) -> str:
@@ -190,6 +229,13 @@ class Gateway(processes.Endpoints):
     queue_per_replica: int = QUEUE_PER_REPLICA
     queue_timeout_ms: int = QUEUE_TIMEOUT_MS
     model_repository: Path = DEFAULT_MODEL_REPOSITORY
+    #: A Triton serving the LLM (natively the same one); None: the LLM routes answer 503.
+    llm_host: str | None = None
+    llm_http_port: int = HTTP_PORT
+    llm_grpc_port: int = GRPC_PORT
+    llm_streams: int = LLM_STREAMS_PER_REPLICA
+    llm_queue_per_replica: int = LLM_QUEUE_PER_REPLICA
+    llm_queue_timeout_ms: int = LLM_QUEUE_TIMEOUT_MS
     log_path: Path | None = None
     haproxy_bin: str | None = None
     config: Path = CONFIG
@@ -198,8 +244,13 @@ class Gateway(processes.Endpoints):
 
     @classmethod
     def for_triton(cls, triton, **kwargs) -> Gateway:
-        """A gateway in front of an EmbeddedTriton (on its loopback ports)."""
+        """A gateway in front of an EmbeddedTriton (on its loopback ports), routing the LLM to
+        it as well when it serves one."""
         kwargs.setdefault("model_repository", triton.model_repository)
+        if LLM_MODEL in triton.served:
+            kwargs.setdefault("llm_host", triton.address)
+            kwargs.setdefault("llm_http_port", triton.http_port)
+            kwargs.setdefault("llm_grpc_port", triton.grpc_port)
         return cls(triton.http_port, triton.grpc_port, triton_host=triton.address, **kwargs)
 
     @property
@@ -211,7 +262,7 @@ class Gateway(processes.Endpoints):
         env = {
             key: value
             for key, value in os.environ.items()
-            if not key.startswith(("GATEWAY_", "TRITON_"))  # only what is set here counts
+            if not key.startswith(("GATEWAY_", "TRITON_", "LLM_"))  # only what is set here counts
         }
         env.update(
             GATEWAY_ADDRESS=self.address,
@@ -228,7 +279,16 @@ class Gateway(processes.Endpoints):
             TRITON_HOST=self.triton_host,
             TRITON_HTTP_PORT=str(self.triton_http_port),
             TRITON_GRPC_PORT=str(self.triton_grpc_port),
+            GATEWAY_LLM_STREAMS=str(self.llm_streams),
+            GATEWAY_LLM_QUEUE_PER_REPLICA=str(self.llm_queue_per_replica),
+            GATEWAY_LLM_QUEUE_TIMEOUT=f"{self.llm_queue_timeout_ms}ms",
         )
+        if self.llm_host is not None:
+            env.update(
+                LLM_HOST=self.llm_host,
+                LLM_HTTP_PORT=str(self.llm_http_port),
+                LLM_GRPC_PORT=str(self.llm_grpc_port),
+            )
         if self.api_keys is not None:
             env["GATEWAY_API_KEYS"] = str(Path(self.api_keys).resolve())
         if self.tls_cert is not None:
@@ -461,9 +521,14 @@ def endpoint_rows(triton, gateway: Gateway | None) -> dict[str, str]:
             "gRPC (Triton, no gateway)": triton.grpc_url,
             "Triton metrics": triton.metrics_url,
         }
-    return {
+    rows = {
         "HTTP (gateway)": f"{gateway.scheme}://{gateway.http_url}",
         "gRPC (gateway)": gateway.grpc_url + (" (TLS)" if gateway.tls_cert else ""),
+    }
+    if gateway.llm_host is not None:
+        route = f"/v2/models/{LLM_MODEL}/generate_stream"
+        rows["LLM generate (gateway)"] = f"{gateway.scheme}://{gateway.http_url}{route}"
+    return rows | {
         "gateway metrics": gateway.metrics_url,
         "Triton HTTP (direct)": f"http://{triton.http_url}",
         "Triton gRPC (direct)": triton.grpc_url,

@@ -185,4 +185,15 @@ def test_gateway_config_defaults_are_the_contracts():
         "GATEWAY_GRPC_PORT": str(contract.GRPC_PORT),
         "TRITON_HTTP_PORT": str(contract.HTTP_PORT),
         "TRITON_GRPC_PORT": str(contract.GRPC_PORT),
+        "LLM_HTTP_PORT": str(contract.HTTP_PORT),
+        "LLM_GRPC_PORT": str(contract.GRPC_PORT),
     }
+
+
+def test_gateway_config_llm_defaults_are_the_contracts():
+    text = (ROOT / "gateway" / "haproxy.cfg").read_text()
+    defaults = dict(re.findall(r"\$\{(GATEWAY_LLM_\w+)-([^}\"]+)\}", text))
+    assert defaults["GATEWAY_LLM_MODEL"] == contract.LLM_MODEL
+    assert defaults["GATEWAY_LLM_MAX_PROMPT"] == str(contract.LLM_MAX_PROMPT_BYTES)
+    assert defaults["GATEWAY_LLM_MAX_TOKENS"] == str(contract.LLM_MAX_TOKENS)
+    assert defaults["GATEWAY_LLM_STREAMS"] == str(contract.LLM_STREAMS_PER_REPLICA)

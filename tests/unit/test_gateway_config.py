@@ -62,3 +62,25 @@ def test_stop_bounds_nest_natively_in_compose_and_in_kubernetes() -> None:
     assert waited >= soft_stop  # the hook outlives HAProxy's own bound: no SIGTERM cuts it
     assert pod["terminationGracePeriodSeconds"] > drain + waited
     assert container["args"][3:4] == list(gateway.HAPROXY_FLAGS)
+
+
+def test_llm_admission_defaults_are_the_native_gateways() -> None:
+    def default(variable: str) -> str:
+        return re.search(rf'\$\{{{variable}-([^}}"]+)\}}', CONFIG).group(1)
+
+    assert int(default("GATEWAY_LLM_QUEUE_PER_REPLICA")) == gateway.LLM_QUEUE_PER_REPLICA
+    assert seconds(default("GATEWAY_LLM_QUEUE_TIMEOUT")) == gateway.LLM_QUEUE_TIMEOUT_MS / 1000
+    lim = gateway.limits()
+    assert lim.llm_max_body == lim.llm_max_prompt + gateway.LLM_PARAMETER_BYTES
+    assert lim.bufsize > lim.llm_max_body  # a whole generate body fits the buffer it is read in
+
+
+def test_grpc_name_prefix_is_protobuf_field_one() -> None:
+    from tritonclient.grpc import service_pb2
+
+    for name in ("llm", "a" * 127):
+        message = service_pb2.ModelReadyRequest(name=name, version="1").SerializeToString()
+        assert message.hex().upper().startswith(gateway.grpc_name_prefix(name))
+    assert not bytes.fromhex(gateway.grpc_name_prefix("llm2")).startswith(
+        bytes.fromhex(gateway.grpc_name_prefix("llm"))
+    )
