@@ -439,9 +439,12 @@ def test_prometheus_scrapes_every_job_its_rules_have_series_and_the_deep_probe_p
     assert len(locusts) == 3, locusts  # the master and both workers, found by DNS
     probe = eventually(lambda: query('probe_success{job="deep_probe"} == 1'), 60, "probe passes")
     assert len(probe) == 1
+    # The LLM's rules need the llm profile (a GPU image, not in this CPU stack); they are run
+    # on the embedded vLLM engine by tests/functional/test_observability_llm.py.
     records = [
         rule["record"]
         for path in sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
+        if path.name != "llm.yml"
         for group in yaml.safe_load(path.read_text())["groups"]
         for rule in group["rules"]
         if "record" in rule
