@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,3 +42,28 @@ def compose_seconds(duration: str) -> float:
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
     assert parts and "".join(n + u for n, u in parts) == duration, duration
     return sum(float(n) * units[u] for n, u in parts)
+
+
+#: After "recovered" (Triton ready again), the gateway routes to it at its next health check:
+#: every 0.5 s while a replica is down (gateway/haproxy.cfg); 5 s leaves room for a slow machine.
+ROUTED_AGAIN_WITHIN = 5
+
+
+def wait_routed(url: str, path: str = "/v2/health/ready") -> float:
+    """Seconds until the gateway at `url` ("host:port") answers 200 on `path`: the replicas
+    behind that route are up in its eyes again."""
+    started = time.monotonic()
+    host, port = url.split(":")
+    while True:
+        try:
+            connection = http.client.HTTPConnection(host, int(port), timeout=2)
+            connection.request("GET", path)
+            status = connection.getresponse().status
+            connection.close()
+        except OSError:
+            status = None
+        waited = time.monotonic() - started
+        if status == 200:
+            return waited
+        assert waited < ROUTED_AGAIN_WITHIN, f"gateway not routing {path} after {waited:.1f} s"
+        time.sleep(0.1)

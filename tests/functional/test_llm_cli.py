@@ -12,7 +12,7 @@ import psutil
 
 from tests.functional.test_llm import post
 from tests.functional.test_serve import start_serve, wait_for_line, wait_gone
-from tests.support import REPOSITORY
+from tests.support import REPOSITORY, wait_routed
 from tritonstack.contract import LLM_MODEL
 
 
@@ -85,6 +85,9 @@ def test_serve_llm_serves_it_through_the_gateway_and_stops_with_nothing_left():
         lines = wait_for_line(process, "recovered:", timeout=240)
         found = [line for line in lines if line.startswith(("dead:", "deep probe failed"))]
         assert found and LLM_MODEL in found[0], found or lines[-20:]
+        # Ready again in Triton is not yet routed: the gateway sees it at its next check.
+        waited = wait_routed(gateway.removeprefix("http://"), f"/v2/models/{LLM_MODEL}/ready")
+        print(f"\nLLM routed by the gateway again {waited:.1f} s after 'recovered'")
         result = generate("Again", "--url", gateway, "--max-tokens", "4")
         assert result.returncode == 0, result.stderr
         engines = engine_processes(psutil.Process(process.pid))

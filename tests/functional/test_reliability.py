@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.functional.test_serve import segments_of, shm_prefix, start_serve, wait_for_line
-from tests.support import REPOSITORY
+from tests.support import REPOSITORY, wait_routed
 from tritonstack.client import ClosedLoop, infer
 from tritonstack.contract import ADMIN_HEADER
 from tritonstack.runtime import STUB_EXECUTABLE, stub_instance
@@ -87,30 +87,6 @@ def supervised():
     yield process, f"127.0.0.1:{ports[0]}", output, f"127.0.0.1:{ports[3]}"
     process.send_signal(signal.SIGTERM)
     process.wait(60)
-
-
-#: After "recovered" (Triton ready again), the gateway routes to it at its next health check:
-#: every 0.5 s while a replica is down (gateway/haproxy.cfg); 5 s leaves room for a slow machine.
-ROUTED_AGAIN_WITHIN = 5
-
-
-def wait_routed(url: str) -> float:
-    """Seconds until the gateway at `url` reports Triton ready again."""
-    started = time.monotonic()
-    host, port = url.split(":")
-    while True:
-        try:
-            connection = http.client.HTTPConnection(host, int(port), timeout=2)
-            connection.request("GET", "/v2/health/ready")
-            status = connection.getresponse().status
-            connection.close()
-        except OSError:
-            status = None
-        waited = time.monotonic() - started
-        if status == 200:
-            return waited
-        assert waited < ROUTED_AGAIN_WITHIN, f"gateway still not routing after {waited:.1f} s"
-        time.sleep(0.1)
 
 
 #: Upper bound from a kill to "restarting Triton", whichever instance died: the stubs are looked at
