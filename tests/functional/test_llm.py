@@ -112,6 +112,41 @@ def test_a_stream_sends_the_same_answer_in_pieces(llm_triton):
     assert events[-1]["finish_reason"] == "length"
 
 
+def test_a_streams_logprobs_come_once_per_token(llm_triton):
+    body = {"text_input": "Once", "exclude_input_in_output": True, **GREEDY, "logprobs": 1}
+    events = stream(
+        llm_triton,
+        {**body, "stream": True, "return_logprobs": True, "return_num_output_tokens": True},
+    )
+    positions = [position for e in events for position in json.loads(e["logprobs"])]
+    assert len(positions) == GREEDY["max_tokens"]
+    assert all(len(e["logprobs"]) > 2 for e in events), "an event without its tokens' logprobs"
+    assert [len(json.loads(e["logprobs"])) for e in events] == [
+        e["num_output_tokens"] for e in events
+    ]
+
+
+def test_concurrent_streams_each_get_their_whole_answer(llm_triton):
+    """Sixteen streams at once: however the sending thread groups a stream's tokens into
+    events (tests/unit/test_llm.py), each stream's events add up to its own greedy answer, token
+    for token, and none is empty."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"stream {n}" for n in range(16)]
+    bodies = [{"text_input": p, "exclude_input_in_output": True, **GREEDY} for p in prompts]
+    wholes = [post(llm_triton, "generate", body)[1]["text_output"] for body in bodies]
+    flags = {"stream": True, "return_num_output_tokens": True, "return_finish_reason": True}
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        streams = list(pool.map(lambda body: stream(llm_triton, {**body, **flags}), bodies))
+    for events, whole in zip(streams, wholes, strict=True):
+        assert "".join(e["text_output"] for e in events) == whole
+        assert sum(e["num_output_tokens"] for e in events) == GREEDY["max_tokens"]
+        assert events[-1]["finish_reason"] == "length"
+        assert all(e["num_output_tokens"] > 0 for e in events[:-1]), "an empty event"
+    counts = [len(events) for events in streams]
+    print(f"\n16 streams of {GREEDY['max_tokens']} tokens: {min(counts)}-{max(counts)} events each")
+
+
 @pytest.mark.parametrize(
     ("body", "status", "words"),
     [
@@ -123,6 +158,7 @@ def test_a_stream_sends_the_same_answer_in_pieces(llm_triton):
         ({"text_input": "x", "sampling_parameters": "{not json"}, 400, "sampling_parameters"),
         ({"max_tokens": 4}, 400, "text_input"),
         ({"text_input": "x", "stream": True, "exclude_input_in_output": False}, 400, "stream"),
+        ({"text_input": "x", "max_tokens": 4, "output_kind": 1}, 400, "'output_kind'"),
     ],
     ids=[
         "misspelt",
@@ -133,6 +169,7 @@ def test_a_stream_sends_the_same_answer_in_pieces(llm_triton):
         "not-json",
         "no-prompt",
         "stream-with-prompt",
+        "output-kind",
     ],
 )
 def test_a_bad_request_gets_a_400_naming_what_was_wrong(

@@ -112,3 +112,76 @@ def test_make_llm_installs_the_lock_without_resolving_and_make_test_needs_it():
     recipe = makefile.split("$(VENV)/.llm-installed:", 1)[1].split("\n\n", 1)[0]
     assert "--no-deps" in recipe and "-r requirements/llm-cpu.txt" in recipe
     assert re.search(r"^test: .*\bllm\b", makefile, re.M)
+
+
+BACKEND = ROOT / "tritonstack" / "backends" / "vllm" / "model.py"
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    """The backend's module, importable outside Triton's stub: only its response-building needs
+    `triton_python_backend_utils`, and these tests stop before that."""
+    import importlib.util
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("pb"))
+    spec = importlib.util.spec_from_file_location("vllm_backend_model", BACKEND)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cumulative_outputs(tokens: int) -> list:
+    """What vLLM yields for one request, one output per engine step: all generated so far."""
+    from types import SimpleNamespace as Output
+
+    def logprob(n):
+        return Output(logprob=-n / 10, rank=1, decoded_token=chr(97 + n))
+
+    return [
+        Output(
+            prompt="hi",
+            prompt_token_ids=[1, 2],
+            finished=step == tokens,
+            outputs=[
+                Output(
+                    text="".join(chr(97 + n) for n in range(step)),
+                    token_ids=list(range(step)),
+                    logprobs=[{n: logprob(n)} for n in range(step)],
+                    finish_reason="length" if step == tokens else None,
+                    cumulative_logprob=-step / 10,
+                )
+            ],
+        )
+        for step in range(1, tokens + 1)
+    ]
+
+
+@pytest.mark.parametrize("split", [[1] * 8, [3, 1, 4], [8]], ids=["each", "some", "all"])
+def test_a_streams_merged_deltas_carry_the_same_as_one_per_step(backend, split):
+    """However the sending thread falls behind, what it sends adds up to the whole answer: each
+    token's text and logprob once, the token count, and the last step's finish reason."""
+    outputs = cumulative_outputs(8)
+    sent = {"text": 0, "tokens": 0}
+    deltas = [backend.Delta(output, sent, prepend=False) for output in outputs]
+    whole = backend.Delta(outputs[-1], {"text": 0, "tokens": 0}, prepend=False)
+    events, at = [], 0
+    for size in split:
+        merged = deltas[at]
+        for later in deltas[at + 1 : at + size]:
+            merged.merge(later)
+        events.append(merged)
+        at += size
+    assert "".join(e.text for e in events) == whole.text == "abcdefgh"
+    assert [e.tokens for e in events] == split
+    assert [p for e in events for p in e.logprobs] == whole.logprobs
+    assert [e.finished for e in events] == [False] * (len(split) - 1) + [True]
+    assert events[-1].finish_reason == "length"
+    assert events[-1].cumulative_logprob == whole.cumulative_logprob
+
+
+def test_a_whole_answer_starts_with_the_prompt_when_asked(backend):
+    output = cumulative_outputs(3)[-1]
+    delta = backend.Delta(output, {"text": 0, "tokens": 0}, prepend=True)
+    assert (delta.text, delta.tokens, delta.input_tokens) == ("hiabc", 3, 2)

@@ -9,14 +9,18 @@ takes its place, for the same model folder: `config.pbtxt` with `backend: "vllm"
     return_logprobs, return_num_input_tokens, return_num_output_tokens (image and
     embedding_request are declared and refused: text generation only);
   - outputs text_output, finish_reason, cumulative_logprob, logprobs, num_input_tokens,
-    num_output_tokens; when streaming, each response holds the text added since the last one;
+    num_output_tokens; when streaming, each response holds what was added since the last one
+    (text, logprobs, the count of tokens);
   - decoupled, batching left to vLLM (max_batch_size 0), cancellation aborts the request;
   - with the model parameter REPORT_CUSTOM_METRICS "true", the `vllm:*` counters and histograms
     (names, labels and buckets as Triton's backend reports them) on Triton's metrics port.
 What differs, on purpose: a sampling parameter vLLM rejects (an unknown name, a wrong type, a
-value out of range) fails the request with INVALID_ARG naming it (Triton's backend logs it and
-fails with INTERNAL); and $TRITONSTACK_LLM_MODEL, set by the embedded runtime, replaces the
-`model` of model.json (the GPU host's model) with a local one, and the log says so.
+value out of range, or `output_kind`, which the backend sets) fails the request with INVALID_ARG
+naming it (Triton's backend logs it and fails with INTERNAL); a stream whose tokens come faster
+than Triton takes its responses gets one response for the tokens of several engine steps, not
+one per step (Triton's backend queues them all, and on a busy CPU that queue, not the engine,
+sets the pace); and $TRITONSTACK_LLM_MODEL, set by the embedded runtime, replaces the `model` of
+model.json (the GPU host's model) with a local one, and the log says so.
 """
 
 from __future__ import annotations
@@ -125,6 +129,10 @@ def build_sampling_params(parameters: dict):
     annotations = typing.get_type_hints(SamplingParams)
     converted = {}
     for key, value in parameters.items():
+        if key == "output_kind":
+            raise InvalidRequest(
+                "sampling parameter 'output_kind' is set by the backend: stream for deltas"
+            )
         if key not in annotations or key.startswith("_"):
             raise InvalidRequest(
                 f"unknown sampling parameter {key!r}: use vLLM's SamplingParams names "
@@ -241,6 +249,73 @@ async def _chain(first, rest):
         yield item
 
 
+class Delta:
+    """What one response carries: the text, tokens and logprobs generated since the last one
+    (all of it when not streaming), and the request's latest totals. Read from vLLM's output in
+    the engine's loop, where vLLM changes it, and turned into a response in the sending thread."""
+
+    __slots__ = (
+        "cumulative_logprob",
+        "finish_reason",
+        "finished",
+        "input_tokens",
+        "logprobs",
+        "text",
+        "tokens",
+    )
+
+    def __init__(self, output, sent: dict, prepend: bool):
+        completion = output.outputs[0]
+        self.text = completion.text[sent["text"] :]
+        if prepend:
+            self.text = output.prompt + self.text
+        self.tokens = len(completion.token_ids) - sent["tokens"]
+        self.logprobs = None
+        if completion.logprobs is not None:
+            self.logprobs = [
+                {
+                    str(token): {
+                        "logprob": p.logprob,
+                        "rank": p.rank,
+                        "decoded_token": p.decoded_token,
+                    }
+                    for token, p in position.items()
+                }
+                for position in completion.logprobs[sent["tokens"] :]
+            ]
+        sent["text"], sent["tokens"] = len(completion.text), len(completion.token_ids)
+        self.finish_reason = str(completion.finish_reason)
+        self.cumulative_logprob = completion.cumulative_logprob
+        self.input_tokens = len(output.prompt_token_ids or [])
+        self.finished = output.finished
+
+    def merge(self, later: Delta) -> None:
+        """Add a later delta of the same stream to this one, not yet sent."""
+        self.text += later.text
+        self.tokens += later.tokens
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
+        self.finish_reason = later.finish_reason
+        self.cumulative_logprob = later.cumulative_logprob
+        self.finished = later.finished
+
+
+class Stream:
+    """One streaming request between the engine's loop, which adds each output's delta here, and
+    the sending thread, which sends all that was added since its last response. Queued once
+    however many outputs come before the thread gets to it: a send is a round trip to Triton's
+    process, and one per engine step per stream can be more than a shared core keeps up with."""
+
+    __slots__ = ("cancelled", "flags", "pending", "sender", "sent")
+
+    def __init__(self, sender, flags: dict):
+        self.sender = sender
+        self.flags = flags
+        self.sent = {"text": 0, "tokens": 0}
+        self.pending: Delta | None = None
+        self.cancelled = False
+
+
 class TritonPythonModel:
     @classmethod
     def auto_complete_config(cls, config):
@@ -288,6 +363,7 @@ class TritonPythonModel:
             self._metrics_thread = threading.Thread(target=self._report_metrics, daemon=True)
             self._metrics_thread.start()
         self._responses: queue.Queue = queue.Queue()
+        self._streams_lock = threading.Lock()
         self._response_thread = threading.Thread(target=self._send_responses, daemon=True)
         self._response_thread.start()
         self._loop = asyncio.new_event_loop()
@@ -310,10 +386,21 @@ class TritonPythonModel:
             getattr(metric, command)(value)
 
     def _send_responses(self):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         while (item := self._responses.get()) is not None:
+            stream = item if isinstance(item, Stream) else None
+            if stream is not None:
+                with self._streams_lock:
+                    delta, stream.pending = stream.pending, None
+                response = self._response(delta, stream.flags)
+                item = (stream.sender, response, final if delta.finished else 0)
             sender, response, flags = item
             try:
                 sender.send(response, flags=flags)
+                # Asked here, after a send, as Triton's backend does: each question is a round
+                # trip to Triton's process, too dear to ask at every engine step.
+                if stream is not None and not flags:
+                    stream.cancelled = sender.is_cancelled()
             except Exception as exc:  # a client gone away must not stop the other streams
                 self.logger.log_error(f"[vllm] sending a response failed: {exc}")
 
@@ -328,7 +415,7 @@ class TritonPythonModel:
         request_id = uuid.uuid4().hex
         try:
             prompt, stream, prepend, flags, params = self._read(request)
-            sent = {"text": 0, "tokens": 0}
+            state = Stream(sender, flags)
             output = None
             try:
                 outputs = self.engine.generate(prompt, params, request_id)
@@ -337,15 +424,24 @@ class TritonPythonModel:
                 raise InvalidRequest(str(exc)) from None
             outputs = _chain(output, outputs)
             async for output in outputs:
-                if sender.is_cancelled():
+                if state.cancelled if stream else sender.is_cancelled():
                     await self.engine.abort(request_id)
                     self._responses.put((sender, self._cancelled(), final))
                     return
                 if stream:
-                    response = self._response(output, flags, sent, prepend=False)
-                    self._responses.put((sender, response, final if output.finished else 0))
+                    delta = Delta(output, state.sent, prepend=False)
+                    if not (delta.tokens or delta.text or delta.finished):
+                        continue
+                    with self._streams_lock:
+                        queued = state.pending is not None
+                        if queued:
+                            state.pending.merge(delta)
+                        else:
+                            state.pending = delta
+                    if not queued:
+                        self._responses.put(state)
             if not stream:
-                response = self._response(output, flags, sent, prepend=prepend)
+                response = self._response(Delta(output, state.sent, prepend), flags)
                 self._responses.put((sender, response, final))
         except InvalidRequest as exc:
             error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
@@ -380,48 +476,28 @@ class TritonPythonModel:
         params = build_sampling_params(sampling_parameters(request))
         return prompt, stream, prepend, flags, params
 
-    def _response(self, output, flags, sent, prepend):
-        """One response: what was generated since the last one (all of it when not streaming)."""
-        completion = output.outputs[0]
-        text = completion.text[sent["text"] :]
-        if prepend:
-            text = output.prompt + text
-        tokens = len(completion.token_ids) - sent["tokens"]
-        sent["text"], sent["tokens"] = len(completion.text), len(completion.token_ids)
-        tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], np.object_))]
+    @staticmethod
+    def _response(delta: Delta, flags: dict):
+        """One response of the outputs the request asked for."""
+        tensors = [
+            pb_utils.Tensor("text_output", np.array([delta.text.encode("utf-8")], np.object_))
+        ]
         if flags["return_finish_reason"]:
-            reason = str(completion.finish_reason)
-            tensors.append(pb_utils.Tensor("finish_reason", np.array([reason], np.object_)))
+            reason = np.array([delta.finish_reason], np.object_)
+            tensors.append(pb_utils.Tensor("finish_reason", reason))
         if flags["return_cumulative_logprob"]:
-            value = completion.cumulative_logprob
-            tensors.append(
-                pb_utils.Tensor(
-                    "cumulative_logprob",
-                    np.array([np.nan if value is None else value], np.float32),
-                )
-            )
+            value = delta.cumulative_logprob
+            value = np.array([np.nan if value is None else value], np.float32)
+            tensors.append(pb_utils.Tensor("cumulative_logprob", value))
         if flags["return_logprobs"]:
-            logprobs = "null"
-            if completion.logprobs is not None:
-                logprobs = json.dumps(
-                    [
-                        {
-                            str(token): {
-                                "logprob": p.logprob,
-                                "rank": p.rank,
-                                "decoded_token": p.decoded_token,
-                            }
-                            for token, p in position.items()
-                        }
-                        for position in completion.logprobs
-                    ]
-                )
+            logprobs = "null" if delta.logprobs is None else json.dumps(delta.logprobs)
             tensors.append(pb_utils.Tensor("logprobs", np.array([logprobs], np.object_)))
         if flags["return_num_input_tokens"]:
-            count = len(output.prompt_token_ids or [])
-            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([count], np.uint32)))
+            count = np.array([delta.input_tokens], np.uint32)
+            tensors.append(pb_utils.Tensor("num_input_tokens", count))
         if flags["return_num_output_tokens"]:
-            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([tokens], np.uint32)))
+            count = np.array([delta.tokens], np.uint32)
+            tensors.append(pb_utils.Tensor("num_output_tokens", count))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     @staticmethod
