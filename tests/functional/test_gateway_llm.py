@@ -21,6 +21,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
@@ -148,16 +149,24 @@ def test_the_grpc_stream_goes_to_the_llm(llm_triton, llm_gateway):
             while True:
                 result, error = answers.get(timeout=60)
                 assert error is None, error
+                # The backend sends the last tokens with the final flag: read them first.
+                piece = result.as_numpy("text_output")
+                if piece is not None:
+                    text += b"".join(piece).decode("utf-8", "replace")
                 final = result.get_response().parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     return text
-                text += b"".join(result.as_numpy("text_output")).decode("utf-8", "replace")
         finally:
             client.stop_stream()
             client.close()
 
     direct = stream(llm_triton.grpc_url)
     assert direct and stream(llm_gateway.grpc_url) == direct
+    # and the same greedy answer HTTP's generate gives
+    body = {"text_input": "gRPC", "exclude_input_in_output": True, "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    status, whole = generate(llm_triton.http_url, body)
+    assert status == 200 and whole["text_output"] == direct, whole
 
 
 REFUSED = [
@@ -246,18 +255,32 @@ def test_a_prompt_at_the_cap_passes_the_gateway(llm_gateway, still_ready):
     assert status == 400 and "maximum context length" in answer["error"], answer
 
 
-def hold_a_generation(gateway) -> socket.socket:
-    """A stream whose client reads nothing: its generation keeps its slot at the gateway."""
+@contextlib.contextmanager
+def a_held_generation(gateway, triton):
+    """A generation in flight through `gateway` that cannot end until the block does: its vLLM
+    engine is paused (SIGSTOP) once the stream has started, and resumed as the client leaves.
+    A generation that ran on would end in a second or two on this model, and free its slot
+    whether its client reads or not (the gateway and the kernel buffer its events)."""
     body = json.dumps({"text_input": "hold", "max_tokens": LLM_MAX_TOKENS, "ignore_eos": True,
-                       "stream": True, "exclude_input_in_output": True,
-                       "return_logprobs": True, "logprobs": 20})  # fmt: skip
+                       "stream": True, "exclude_input_in_output": True})  # fmt: skip
     host, port = gateway.http_url.split(":")
-    held = socket.socket()
-    held.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    held.connect((host, int(port)))
+    held = socket.create_connection((host, int(port)))
     held.sendall(request("POST", STREAM, body=body.encode()))
     assert held.recv(64).startswith(b"HTTP/1.1 200"), "the held stream did not start"
-    return held
+    engine = [
+        process
+        for process in psutil.Process(triton.process.pid).children(recursive=True)
+        if process.name().startswith("VLLM")
+    ]
+    assert engine, "no vLLM engine process under Triton"
+    for process in engine:
+        process.suspend()
+    try:
+        yield held
+    finally:
+        held.close()
+        for process in engine:
+            process.resume()
 
 
 def wait_queued(gateway: Gateway, count: int) -> None:
@@ -296,25 +319,27 @@ def test_generations_beyond_the_slots_wait_then_get_a_503(llm_triton, tmp_path, 
             headers = {key.lower(): value for key, value in headers.items()}
             outcome[name] = (status, headers, json.loads(text), time.monotonic() - started)
 
-        held = hold_a_generation(gateway)
-        waiting = threading.Thread(target=timed, args=("waited",))
-        waiting.start()
-        wait_queued(gateway, 1)
-        timed("queue full")
-        waiting.join()
-        status, headers, answer, seconds = outcome["queue full"]
-        assert status == 503 and headers["retry-after"] == "1", answer
-        # Refused by the frontend's queue-length rule (its message), not after waiting.
-        assert "waiting: 1" in answer["error"], (seconds, answer)
-        status, headers, answer, seconds = outcome["waited"]
-        assert status == 503 and headers["retry-after"] == "1", answer
-        # Refused by the backend once the queue's timeout passed (its message, and the wait).
-        assert seconds > 0.9 and "none ended within 1000ms" in answer["error"], (seconds, answer)
-
-        served = threading.Thread(target=timed, args=("served",))
-        served.start()
-        wait_queued(gateway, 1)
-        held.close()  # the first generation ends: its slot goes to the waiting one
+        with a_held_generation(gateway, llm_triton):
+            waiting = threading.Thread(target=timed, args=("waited",))
+            waiting.start()
+            wait_queued(gateway, 1)
+            timed("queue full")
+            waiting.join()
+            status, headers, answer, seconds = outcome["queue full"]
+            assert status == 503 and headers["retry-after"] == "1", answer
+            # Refused by the frontend's queue-length rule (its message), not after waiting.
+            assert "waiting: 1" in answer["error"], (seconds, answer)
+            status, headers, answer, seconds = outcome["waited"]
+            assert status == 503 and headers["retry-after"] == "1", answer
+            # Refused by the backend once the queue's timeout passed (its message, the wait).
+            assert seconds > 0.9 and "none ended within 1000ms" in answer["error"], (
+                seconds,
+                answer,
+            )
+            served = threading.Thread(target=timed, args=("served",))
+            served.start()
+            wait_queued(gateway, 1)
+        # the held generation's client has gone: its slot goes to the waiting one
         served.join()
         # Served, not refused at the queue's timeout: the ended generation's slot was its.
         status, _, answer, seconds = outcome["served"]
