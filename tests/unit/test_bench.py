@@ -712,9 +712,11 @@ def test_llm_results_merge_into_a_full_run_and_render(tmp_path):
     assert "Measured again later and merged in: llm, by `python -m bench --scenarios llm " in text
     assert text.index("## Memory") > text.index(llm_report.HEADING) > text.index("## FastAPI")
     assert not (tmp_path / "benchmarks" / "throughput.png").exists()
-    # merged again, the llm section is replaced, not added twice
-    again = results.merge(merged, new)
-    assert again["meta"]["families"].count("llm") == 1 and len(again["meta"]["merged"]) == 2
+    # merged again, the llm section is replaced, not added twice, and so is its line
+    later = {**new, "meta": {**new["meta"], "started": "2026-02-03T00:00:00+00:00"}}
+    again = results.merge(merged, later)
+    assert again["meta"]["families"].count("llm") == 1
+    assert [m["started"] for m in again["meta"]["merged"]] == [later["meta"]["started"]]
     # a run of llm alone renders its section, no empty classifier tables
     alone = report.render_markdown({**new, "meta": {**new["meta"], "quick": True}})
     assert llm_report.HEADING in alone and "## Targets" not in alone
