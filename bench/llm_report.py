@@ -188,5 +188,16 @@ def method() -> list[str]:
         "spread widely with how the scheduler shares that second core. The engine's own "
         "`vllm:time_per_output_token_seconds` (Triton's metrics port, the dashboard's LLM row) "
         "is the per-step figure.",
+        "- Triton's late events are Triton's, not the backend's. Traced in the backend, every "
+        "step's output reaches it about 2 ms after the last and its response is handed to "
+        "Triton (the send returns once Triton has taken it) within a millisecond, yet from the "
+        "second request on a client often reads hundreds of events at once, hundreds of ms "
+        "late, over HTTP and gRPC alike, while `vllm serve` streams the same engine's tokens one "
+        "by one. A decoupled Python model that sends one response every 2 ms streams evenly on "
+        "the same Triton, until a generation runs beside it: then its events bunch up too. With "
+        "tritonserver's own threads held to the core vLLM leaves free (vLLM binds its worker "
+        "to the other one), one stream's events came one by one again, and two streams still "
+        "bunched: where Triton's threads run beside vLLM's spinning worker decides when events "
+        "leave. A machine with cores to spare for the server avoids it; this one has two.",
         "",
     ]
