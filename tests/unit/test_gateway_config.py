@@ -84,3 +84,13 @@ def test_grpc_name_prefix_is_protobuf_field_one() -> None:
     assert not bytes.fromhex(gateway.grpc_name_prefix("llm2")).startswith(
         bytes.fromhex(gateway.grpc_name_prefix("llm"))
     )
+
+
+def test_the_docs_state_the_stop_bound_the_gateway_has() -> None:
+    stated = [
+        (path.name, int(number))
+        for path in sorted((ROOT / "docs").glob("*.md"))
+        for number in re.findall(r"`hard-stop-after`,? \(?(\d+) s", path.read_text())
+    ]
+    assert stated, "no doc states hard-stop-after"
+    assert all(number == gateway.SOFT_STOP_SECONDS for _, number in stated), stated
