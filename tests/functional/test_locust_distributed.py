@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
+from tritonstack.contract import LLM_MODEL
 from tritonstack.loadtest import LOCUST_CONF, LOCUSTFILE
 from tritonstack.runtime import free_ports
 
@@ -64,17 +65,18 @@ def test_locust_versions_agree(image_python: Path) -> None:
     assert result.stdout.split()[:2] == tests_locust.stdout.split()[:2]
 
 
-@pytest.mark.parametrize(("user_type", "model"), CASES)
-def test_master_and_worker(triton, image_python: Path, tmp_path: Path, user_type, model) -> None:
+def run_master_and_worker(
+    image_python: Path, tmp_path: Path, host: str, options: list[str]
+) -> list[dict]:
+    """A master and a worker as compose starts them, for RUN_S seconds with 4 users: the master's
+    statistics rows (but the aggregate), once both exited 0 with no traceback, no failure and no
+    exception recorded."""
     (master_port,) = free_ports(1)
     common = ["-f", str(LOCUSTFILE), "--config", str(LOCUST_CONF)]
     master = [
         str(image_python), "-m", "locust", *common,
         "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(master_port),
-        "--host", f"http://{triton.http_url}",
-        # compose derives the gRPC address from --host (port 8001); here only the port differs
-        "--grpc-port", str(triton.grpc_port),
-        "--user-type", user_type, "--model", model,
+        "--host", host, *options,
         "--headless", "-u", "4", "-r", "4", "-t", f"{RUN_S}s", "--expect-workers", "1",
         "--csv", str(tmp_path / "locust"), "--only-summary",
     ]  # fmt: skip
@@ -103,10 +105,35 @@ def test_master_and_worker(triton, image_python: Path, tmp_path: Path, user_type
     with open(tmp_path / "locust_stats.csv") as handle:
         rows = [r for r in csv.DictReader(handle) if r["Name"] != "Aggregated"]
     assert rows, output
+    assert sum(int(r["Failure Count"]) for r in rows) == 0, output
+    with open(tmp_path / "locust_exceptions.csv") as handle:
+        assert list(csv.DictReader(handle)) == []
+    return rows
+
+
+@pytest.mark.parametrize(("user_type", "model"), CASES)
+def test_master_and_worker(triton, image_python: Path, tmp_path: Path, user_type, model) -> None:
+    rows = run_master_and_worker(
+        image_python, tmp_path, f"http://{triton.http_url}",
+        # compose derives the gRPC address from --host (port 8001); here only the port differs
+        ["--grpc-port", str(triton.grpc_port), "--user-type", user_type, "--model", model],
+    )  # fmt: skip
     for row in rows:  # the master's statistics are the worker's reports
         assert row["Type"] == REQUEST_TYPES[user_type]
         assert row["Name"].startswith(f"{model} rows=")
     assert sum(int(r["Request Count"]) for r in rows) > 0
-    assert sum(int(r["Failure Count"]) for r in rows) == 0, output
-    with open(tmp_path / "locust_exceptions.csv") as handle:
-        assert list(csv.DictReader(handle)) == []
+
+
+def test_master_and_worker_stream_the_llm(llm_triton, image_python: Path, tmp_path: Path) -> None:
+    """The LLM's user on a worker: its answers and their time to first token and inter-token
+    gaps reach the master as rows of their own."""
+    rows = run_master_and_worker(
+        image_python, tmp_path, f"http://{llm_triton.http_url}",
+        ["--user-type", "llm_stream", "--max-tokens", "16"],
+    )  # fmt: skip
+    counts = {row["Type"]: int(row["Request Count"]) for row in rows}
+    assert set(counts) == {"POST", "TTFT", "ITL"}, rows
+    assert all(row["Name"] == f"{LLM_MODEL} generate_stream" for row in rows), rows
+    # one first token per answer, and gaps between the tokens within answers
+    assert counts["POST"] > 0 and counts["TTFT"] == counts["POST"], counts
+    assert counts["ITL"] > 0, counts
