@@ -64,10 +64,12 @@ def engine_processes(root: psutil.Process) -> list[psutil.Process]:
     return [p for p in root.children(recursive=True) if p.name().startswith("VLLM")]
 
 
-def test_serve_llm_serves_it_through_the_gateway_and_stops_with_nothing_left():
+def test_serve_llm_serves_it_through_the_gateway_and_stops_with_nothing_left(tmp_path):
     """Also: the vLLM engine killed under it (the stub lives on, answering errors) is found by
-    the supervisor's one-token probe and Triton is restarted."""
-    process, ports = start_serve(REPOSITORY, "--llm")
+    the supervisor's one-token probe and Triton is restarted; and the stop after generations
+    leaves no crash in Triton's log (the 2.51 stub crashed freeing vLLM's metrics at exit)."""
+    log = tmp_path / "triton.log"
+    process, ports = start_serve(REPOSITORY, "--llm", "--log-file", str(log))
     gateway = f"http://127.0.0.1:{ports[0]}"
     try:
         lines = wait_for_line(process, "Ctrl-C stops the server", timeout=240)
@@ -92,12 +94,17 @@ def test_serve_llm_serves_it_through_the_gateway_and_stops_with_nothing_left():
         assert result.returncode == 0, result.stderr
         engines = engine_processes(psutil.Process(process.pid))
 
+        logged_before_stop = log.stat().st_size
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         took = time.monotonic() - started
         assert took < 20, f"serve --llm took {took:.1f} s to stop"
         assert not wait_gone([p.pid for p in engines], timeout=5), "vLLM processes left running"
+        with open(log, "rb") as handle:
+            handle.seek(logged_before_stop)
+            stop_log = handle.read().decode(errors="replace")
+        assert "Segfault" not in stop_log, stop_log[-3000:]
     finally:
         if process.poll() is None:
             process.kill()

@@ -32,6 +32,7 @@ import locale
 locale.setlocale(locale.LC_ALL, "C.UTF-8")
 
 import asyncio  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import queue  # noqa: E402
@@ -203,6 +204,13 @@ class Metrics:
                 setattr(self, attribute, metric_family.Metric(labels=labels))
             else:
                 setattr(self, attribute, metric_family.Metric(labels=labels, buckets=buckets))
+        self.attributes = list(specs)
+
+    def release(self) -> None:
+        """Delete each metric, then the families they belong to."""
+        for attribute in self.attributes:
+            setattr(self, attribute, None)
+        self.families = []
 
 
 def stat_logger_factory(labels: dict, updates: queue.Queue):
@@ -518,3 +526,10 @@ class TritonPythonModel:
         if hasattr(self, "_loop"):
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(timeout=5)
+        # Free the metrics while the stub still talks to Triton: left to the interpreter's exit,
+        # the 2.51 stub deletes them after that and crashes (a stack trace in Triton's log).
+        self.engine = None  # its stat logger holds the metrics too
+        for metrics in getattr(self, "_metric_families", []):
+            metrics.release()
+        self._metric_families = []
+        gc.collect()
