@@ -127,7 +127,10 @@ class Stream:
         """Raise AnswerError unless this is a complete answer to a request for `max_tokens`."""
         if not self.events:
             raise AnswerError("the stream ended without an event")
-        if not self.text:
+        # A model's end-of-sequence token decodes to no text: an answer of nothing else is empty
+        # when it stopped at one, or with ignore_eos, which generates past it (a random-weight
+        # model can repeat it). Cut at max_tokens without ever reaching it, an answer has text.
+        if not self.text and self.finish_reason == "length" and not ignore_eos:
             raise AnswerError(f"{self.events} events but no text")
         if self.finish_reason not in FINISHED:
             raise AnswerError(f"the stream ended without a finish_reason ({self.finish_reason})")

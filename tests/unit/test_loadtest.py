@@ -137,6 +137,13 @@ def test_a_wrong_answer_fails_naming_what_is_wrong(lines, max_tokens, ignore_eos
         streamed(lines).check(max_tokens, ignore_eos)
 
 
+def test_an_answer_of_end_of_sequence_tokens_only_may_have_no_text():
+    silent = TOKEN.replace('"ab"', '""')
+    streamed(events(silent, LAST.replace('"c"', '""'))).check(max_tokens=2, ignore_eos=True)
+    stopped = LAST.replace('"c"', '""').replace("length", "stop")
+    streamed(events(stopped)).check(max_tokens=8, ignore_eos=False)
+
+
 def test_an_answer_that_stops_early_passes_only_without_ignore_eos():
     stream = streamed(events(TOKEN, LAST.replace("length", "stop")))
     stream.check(max_tokens=8, ignore_eos=False)
