@@ -255,46 +255,57 @@ def test_a_prompt_at_the_cap_passes_the_gateway(llm_gateway, still_ready):
     assert status == 400 and "maximum context length" in answer["error"], answer
 
 
+def llm_http_stat(gateway: Gateway) -> dict[str, str]:
+    """The gateway's `show stat` row of the LLM's HTTP backend (scur: in flight, qcur: waiting)."""
+    lines = gateway.runtime("show stat").splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+    return next(r for r in rows if r["pxname"] == "llm_http" and r["svname"] == "BACKEND")
+
+
+def wait_stat(gateway: Gateway, name: str, count: int) -> None:
+    """Until llm_http's `name` (scur, qcur) is `count`."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if int(llm_http_stat(gateway)[name]) == count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"llm_http's {name} never reached {count}: {llm_http_stat(gateway)}")
+
+
+def wait_queued(gateway: Gateway, count: int) -> None:
+    """Until `count` generations wait in the LLM's queue."""
+    wait_stat(gateway, "qcur", count)
+
+
 @contextlib.contextmanager
 def a_held_generation(gateway, triton):
-    """A generation in flight through `gateway` that cannot end until the block does: its vLLM
-    engine is paused (SIGSTOP) once the stream has started, and resumed as the client leaves.
-    A generation that ran on would end in a second or two on this model, and free its slot
-    whether its client reads or not (the gateway and the kernel buffer its events)."""
-    body = json.dumps({"text_input": "hold", "max_tokens": LLM_MAX_TOKENS, "ignore_eos": True,
-                       "stream": True, "exclude_input_in_output": True})  # fmt: skip
-    host, port = gateway.http_url.split(":")
-    held = socket.create_connection((host, int(port)))
-    held.sendall(request("POST", STREAM, body=body.encode()))
-    assert held.recv(64).startswith(b"HTTP/1.1 200"), "the held stream did not start"
+    """A generation through `gateway` that holds its slot until the block ends: its vLLM engine
+    is paused (SIGSTOP) before it is sent, and resumed once its client has left. A generation
+    that ran would end in a second or two on this model and free its slot, and Triton 2.51 may
+    deliver even its first event only near the end, too late to pause it after it starts."""
     engine = [
         process
         for process in psutil.Process(triton.process.pid).children(recursive=True)
         if process.name().startswith("VLLM")
     ]
     assert engine, "no vLLM engine process under Triton"
+    body = json.dumps({"text_input": "hold", "max_tokens": LLM_MAX_TOKENS, "ignore_eos": True,
+                       "stream": True, "exclude_input_in_output": True})  # fmt: skip
+    host, port = gateway.http_url.split(":")
     for process in engine:
         process.suspend()
+    held = None
     try:
+        held = socket.create_connection((host, int(port)))
+        held.sendall(request("POST", STREAM, body=body.encode()))
+        wait_stat(gateway, "scur", 1)  # in flight at Triton: the slot is its
         yield held
     finally:
-        held.close()
+        if held is not None:
+            held.close()
         for process in engine:
             process.resume()
-
-
-def wait_queued(gateway: Gateway, count: int) -> None:
-    """Until `count` generations wait in the LLM's queue (`show stat`, llm_http's qcur)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        lines = gateway.runtime("show stat").splitlines()
-        header = lines[0].lstrip("# ").split(",")
-        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
-        backend = next(r for r in rows if r["pxname"] == "llm_http" and r["svname"] == "BACKEND")
-        if int(backend["qcur"]) == count:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{count} generations never waited in llm_http's queue")
 
 
 def test_generations_beyond_the_slots_wait_then_get_a_503(llm_triton, tmp_path, still_ready):
