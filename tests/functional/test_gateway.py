@@ -283,14 +283,18 @@ def gateway_ports() -> dict[str, int]:
     return dict(zip(("http_port", "grpc_port", "metrics_port"), free_ports(3), strict=True))
 
 
-def stot(gateway: Gateway, backend: str) -> dict[str, int]:
-    """Requests each server of a backend has been given (`show stat`, column stot)."""
+def stat_rows(gateway: Gateway) -> list[dict[str, str]]:
+    """The gateway's `show stat` table, a dict per row keyed by its CSV header."""
     lines = gateway.runtime("show stat").splitlines()
     header = lines[0].lstrip("# ").split(",")
-    rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+    return [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+
+
+def stot(gateway: Gateway, backend: str) -> dict[str, int]:
+    """Requests each server of a backend has been given (`show stat`, column stot)."""
     return {
         r["svname"]: int(r["stot"])
-        for r in rows
+        for r in stat_rows(gateway)
         if r["pxname"] == backend and r["svname"] not in ("FRONTEND", "BACKEND")
     }
 

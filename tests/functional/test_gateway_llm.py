@@ -26,7 +26,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.functional.test_gateway import call, gateway_ports
+from tests.functional.test_gateway import call, gateway_ports, stat_rows
 from tests.functional.test_gateway_limits import raw, request
 from tritonstack.contract import LLM_MAX_PROMPT_BYTES, LLM_MAX_TOKENS, LLM_MODEL
 from tritonstack.gateway import CONFIG, Gateway, endpoint_rows, haproxy_binary
@@ -257,9 +257,7 @@ def test_a_prompt_at_the_cap_passes_the_gateway(llm_gateway, still_ready):
 
 def llm_http_stat(gateway: Gateway) -> dict[str, str]:
     """The gateway's `show stat` row of the LLM's HTTP backend (scur: in flight, qcur: waiting)."""
-    lines = gateway.runtime("show stat").splitlines()
-    header = lines[0].lstrip("# ").split(",")
-    rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+    rows = stat_rows(gateway)
     return next(r for r in rows if r["pxname"] == "llm_http" and r["svname"] == "BACKEND")
 
 
