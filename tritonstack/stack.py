@@ -5,7 +5,9 @@ The same services as the compose stack, on one machine: the embedded Triton
 Prometheus with the project's scrape jobs and rules rendered for loopback
 (tritonstack.promconfig), and Locust's web UI driving Triton with the project's locustfile and
 serving its client-side metrics to Prometheus. Prometheus is optional: without the binary the
-rest runs and one line says how to get it.
+rest runs and one line says how to get it. With `--llm` the LLM (tritonstack.llm) is served beside
+the classifiers: the gateway routes its generate routes, Prometheus reads its `vllm:*` metrics on
+Triton's port, and Locust's `llm_stream` user type loads it.
 
 Every child runs in its own process group with PR_SET_PDEATHSIG, so Ctrl-C, SIGTERM, a crash of
 one child, or a kill of this process itself leaves nothing running.
@@ -35,6 +37,7 @@ from tritonstack.contract import (
     METRICS_PORT,
 )
 from tritonstack.errors import UserError
+from tritonstack.loadtest import LLM_USER_TYPE
 from tritonstack.project import project_dir
 
 ROOT = project_dir()
@@ -230,8 +233,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=180.0, help="seconds to wait for each service"
     )
     from tritonstack.gateway import add_arguments
+    from tritonstack.llm import add_arguments as add_llm_arguments
 
     add_arguments(parser)
+    add_llm_arguments(parser)
 
 
 @dataclass
@@ -255,7 +260,8 @@ class _Stack:
 
 def run(args: argparse.Namespace) -> int:
     from tritonstack import gateway as gw
-    from tritonstack.runtime import EmbeddedTriton
+    from tritonstack import llm
+    from tritonstack.runtime import EmbeddedTriton, default_cache_dir
 
     args.address = ADDRESS
     gw.check_arguments(args)
@@ -275,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         ports["--locust-port"] = args.locust_port
         ports["--locust-metrics-port"] = args.locust_metrics_port
     _check_ports(ports)
+    llm_plan = llm.plan(args, default_cache_dir())
 
     stop = threading.Event()
     starting, failed = True, False
@@ -282,8 +289,8 @@ def run(args: argparse.Namespace) -> int:
     def request_stop(signum, _frame):
         if stop.is_set():
             return  # already stopping; a second Ctrl-C must not interrupt the cleanup
+        stop.set()  # first: a second signal arriving during the print below returns at once
         print(f"{signal.Signals(signum).name}: stopping", flush=True)
-        stop.set()
         if starting:
             raise _Interrupted
 
@@ -299,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_locust:
             children.append(locust_child(args, logs))
         print(f"starting Triton (models in {args.model_repository})", flush=True)
+        if llm_plan:
+            print(llm_plan.describe(), flush=True)
         triton_http_port, triton_grpc_port = gw.triton_ports(args)
         stack.triton = EmbeddedTriton(
             model_repository=args.model_repository,
@@ -307,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             address=ADDRESS,
             log_path=logs / "triton.log",
+            **llm.runtime_options(llm_plan),
         )
         stack.triton.start(timeout=args.timeout)
         if args.gateway:
@@ -337,6 +347,11 @@ def run(args: argparse.Namespace) -> int:
         rows = {**gw.endpoint_rows(triton, stack.gateway), **urls}
         for label, url in rows.items():
             print(f"  {label:<26} {url}", flush=True)
+        if llm_plan and not args.no_locust:
+            print(
+                f"Locust loads the LLM with user-type {LLM_USER_TYPE} (a field of its start form)",
+                flush=True,
+            )
         if args.log_dir:
             print(f"logs in {args.log_dir}", flush=True)
         print("Ctrl-C stops everything", flush=True)

@@ -17,6 +17,8 @@ import psutil
 
 from tests.functional.test_serve import SHM, wait_for_line, wait_gone
 from tests.support import require_tool
+from tritonstack.contract import LLM_MODEL
+from tritonstack.loadtest import LLM_USER_TYPE
 from tritonstack.runtime import free_ports
 
 READY_LINE = "Ctrl-C stops everything"
@@ -59,6 +61,28 @@ def locust_process(children: list[psutil.Process]) -> psutil.Process:
     return locust
 
 
+def start_swarm(locust_port: int, **options: str | int) -> None:
+    """Start 2 users from the web UI, as a user pressing "Start"; `options` fill the form's
+    fields of the locustfile's own options."""
+    fields = {"user_count": 2, "spawn_rate": 2, **options}
+    swarm = urllib.request.Request(
+        f"http://127.0.0.1:{locust_port}/swarm", data=urllib.parse.urlencode(fields).encode()
+    )
+    with urllib.request.urlopen(swarm, timeout=10) as response:
+        assert json.loads(response.read())["success"] is True
+
+
+def assert_sigint_stops_everything(
+    process: subprocess.Popen, children: list[psutil.Process], shm_prefix: str
+) -> None:
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=90)
+    assert process.returncode == 0, output
+    assert "SIGINT: stopping" in output and output.rstrip().endswith("stopped"), output
+    assert wait_gone([child.pid for child in children], timeout=10) == []
+    assert not list(SHM.glob(f"{shm_prefix}*")), "shared memory left in /dev/shm"
+
+
 def wait_targets_up(prometheus: int, jobs: set[str], timeout: float = 40) -> dict[str, str]:
     """Each job's target health once Prometheus has scraped them all (5 s interval)."""
     deadline = time.monotonic() + timeout
@@ -93,13 +117,7 @@ def test_up_serves_triton_prometheus_and_locust_and_sigint_stops_all():
         assert json.loads(rules)["data"]["groups"], "the project's rules are loaded"
         status, page = get(f"http://127.0.0.1:{ports['locust']}/")
         assert status == 200 and b"locust" in page.lower()
-        # Start a small load from the web UI, as a user would press "Start".
-        swarm = urllib.request.Request(
-            f"http://127.0.0.1:{ports['locust']}/swarm",
-            data=urllib.parse.urlencode({"user_count": 2, "spawn_rate": 2}).encode(),
-        )
-        with urllib.request.urlopen(swarm, timeout=10) as response:
-            assert json.loads(response.read())["success"] is True
+        start_swarm(ports["locust"])
         # Prometheus scrapes Triton, the gateway and Locust's exporter on the ports given to `up`.
         health = wait_targets_up(ports["prometheus"], {"triton", "locust", "gateway"})
         assert health == {"triton": "up", "locust": "up", "gateway": "up"}, health
@@ -124,13 +142,50 @@ def test_up_serves_triton_prometheus_and_locust_and_sigint_stops_all():
         process.kill()
         raise
 
-    process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=90)
+    assert_sigint_stops_everything(process, children, shm_prefix)
 
-    assert process.returncode == 0, output
-    assert "SIGINT: stopping" in output and output.rstrip().endswith("stopped"), output
-    assert wait_gone([child.pid for child in children], timeout=10) == []
-    assert not list(SHM.glob(f"{shm_prefix}*")), "shared memory left in /dev/shm"
+
+def prometheus_value(port: int, query: str) -> float:
+    """The query's single value, 0 while it has none."""
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    result = json.loads(get(url)[1])["data"]["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def test_up_llm_serves_the_llm_to_locust_and_prometheus_and_sigint_stops_all():
+    """`up --llm`: the LLM beside the classifiers, routed by the gateway; Locust's web UI loads it
+    with the llm_stream user, and Prometheus reads both sides (the engine's `vllm:*` counters on
+    Triton's port, the client's on Locust's exporter); SIGINT leaves no engine process behind."""
+    require_tool("prometheus")
+    process, ports = start_up("--llm")
+    try:
+        lines = wait_for_line(process, READY_LINE, timeout=300)
+        text = "\n".join(lines)
+        assert "serving the tiny random-weight Llama" in text, text
+        assert f"ready: classifier, classify, pipeline, postprocess, {LLM_MODEL}" in text, text
+        route = f"http://127.0.0.1:{ports['http']}/v2/models/{LLM_MODEL}/generate_stream"
+        assert any("LLM generate (gateway)" in line and route in line for line in lines), text
+        assert f"user-type {LLM_USER_TYPE}" in text, text
+        children, shm_prefix = our_children(process)
+        assert any(child.name().startswith("VLLM") for child in children), "no vLLM engine"
+
+        start_swarm(ports["locust"], user_type=LLM_USER_TYPE, max_tokens=8)
+        client = f'tritonstack_client_llm_output_tokens_total{{user_type="{LLM_USER_TYPE}"}}'
+        engine = f'vllm:generation_tokens_total{{model="{LLM_MODEL}"}}'
+        deadline = time.monotonic() + 60
+        while not (
+            prometheus_value(ports["prometheus"], client) > 0
+            and prometheus_value(ports["prometheus"], engine) > 0
+        ):
+            assert time.monotonic() < deadline, "Prometheus saw no LLM tokens in 60 s"
+            time.sleep(1)
+        failures = f'tritonstack_client_failures_total{{user_type="{LLM_USER_TYPE}"}}'
+        assert prometheus_value(ports["prometheus"], failures) == 0
+    except BaseException:
+        process.kill()
+        raise
+
+    assert_sigint_stops_everything(process, children, shm_prefix)
 
 
 def test_prometheus_missing_from_path_is_one_line_how_to(monkeypatch, tmp_path, capsys):

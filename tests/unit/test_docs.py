@@ -85,6 +85,10 @@ RUN_ELSEWHERE = {
         "tests/functional/test_llm_cli.py::test_serve_llm_serves_it_through_the_gateway_and_stops_"
         "with_nothing_left"
     ),
+    "tritonstack up --llm": (
+        "tests/functional/test_up.py::test_up_llm_serves_the_llm_to_locust_and_prometheus_and_"
+        "sigint_stops_all"
+    ),
     'tritonstack generate "What does Triton add to vLLM?" --max-tokens 64': (
         "tests/functional/test_llm_cli.py::test_generate_streams_the_greedy_answer_to_stdout_and_"
         "its_numbers_to_stderr (with --url of the test's server)"
