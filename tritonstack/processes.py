@@ -159,6 +159,15 @@ def tree(*pids: int) -> list[psutil.Process]:
     return found
 
 
+def kill_survivors(processes: Sequence[psutil.Process]) -> None:
+    """SIGKILL those of `processes` still running (psutil compares creation times, so a reused
+    pid is never hit)."""
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.is_running():
+                process.kill()
+
+
 def rss_bytes(processes: Sequence[psutil.Process]) -> int:
     """Resident memory of `processes` together (ones that exited meanwhile count 0)."""
     total = 0

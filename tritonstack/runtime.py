@@ -342,13 +342,17 @@ class EmbeddedTriton(processes.Endpoints):
         `grace` caps the wait before SIGKILL (default: the exit timeout plus unloading time);
         the supervisor passes a short one, since draining a broken server only delays recovery.
         Stubs run in tritonserver's process group; the group is killed after the server exits in
-        case a stub outlived it, and this server's shared-memory regions are removed.
+        case a stub outlived it, and so is every other descendant seen before the stop (the CPU
+        vLLM backend moves its engine to a session of its own, out of that group). This server's
+        shared-memory regions are removed.
         """
         code = None
         self.stubs = {}
         if self.process is not None:
             grace = self.exit_timeout_secs + 15 if grace is None else grace
+            descendants = processes.tree(self.process.pid)[1:]
             code = processes.stop(self.process, grace, whole_group=False)
+            processes.kill_survivors(descendants)
         for segment in SHM_DIR.glob(f"{self.shm_prefix}*"):
             segment.unlink(missing_ok=True)
         view = getattr(self, "_view", None)

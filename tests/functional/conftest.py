@@ -4,7 +4,10 @@ private Docker engine holding the stand-in images for the compose stack's tests.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -31,10 +34,12 @@ def triton(tmp_path_factory) -> EmbeddedTriton:
 @pytest.fixture(scope="session")
 def gateway(triton, tmp_path_factory) -> Gateway:
     """The real HAProxy running gateway/haproxy.cfg in front of the session's Triton."""
-    yield from _gateway_in_front_of(triton, tmp_path_factory.mktemp("gateway"))
+    with gateway_in_front_of(triton, tmp_path_factory.mktemp("gateway")) as server:
+        yield server
 
 
-def _gateway_in_front_of(triton: EmbeddedTriton, log_dir) -> Gateway:
+@contextlib.contextmanager
+def gateway_in_front_of(triton: EmbeddedTriton, log_dir: Path) -> Iterator[Gateway]:
     require_tool("haproxy")
     http, grpc, metrics = free_ports(3)
     with Gateway.for_triton(triton, http_port=http, grpc_port=grpc, metrics_port=metrics,
@@ -42,21 +47,19 @@ def _gateway_in_front_of(triton: EmbeddedTriton, log_dir) -> Gateway:
         yield server
 
 
-@pytest.fixture(scope="session")
-def llm_triton(tmp_path_factory) -> EmbeddedTriton:
-    """The embedded runtime serving what `tritonstack serve --llm` serves: the classifier family
-    and `llm` (the tiny local Llama on the real vLLM engine). One per session: the engine takes
-    about a minute to start on two cores, and every LLM test shares it."""
+@contextlib.contextmanager
+def llm_triton_serving(log_dir: Path) -> Iterator[EmbeddedTriton]:
+    """A new embedded runtime serving what `tritonstack serve --llm` serves: the classifier
+    family and `llm` (the tiny local Llama on the real vLLM engine)."""
     from tritonstack.tinyllm import ensure_tiny_model
 
     http, grpc, metrics = free_ports(3)
-    log = tmp_path_factory.mktemp("llm-triton") / "tritonserver.log"
     server = EmbeddedTriton(
         REPOSITORY,
         http,
         grpc,
         metrics,
-        log_path=log,
+        log_path=log_dir / "tritonserver.log",
         extra_repositories=[LLM_REPOSITORY],
         llm_model=str(ensure_tiny_model(default_cache_dir())),
     )
@@ -65,9 +68,36 @@ def llm_triton(tmp_path_factory) -> EmbeddedTriton:
 
 
 @pytest.fixture(scope="session")
+def llm_triton(tmp_path_factory) -> EmbeddedTriton:
+    """One per session: the engine takes about a minute to start on two cores, and every LLM
+    test shares it."""
+    with llm_triton_serving(tmp_path_factory.mktemp("llm-triton")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def llm_gateway(llm_triton, tmp_path_factory) -> Gateway:
     """The real HAProxy gateway in front of the LLM session's Triton."""
-    yield from _gateway_in_front_of(llm_triton, tmp_path_factory.mktemp("llm-gateway"))
+    with gateway_in_front_of(llm_triton, tmp_path_factory.mktemp("llm-gateway")) as server:
+        yield server
+
+
+@pytest.fixture
+def new_llm_pair(tmp_path):
+    """Starts another LLM Triton with its own gateway in front, each time it is entered:
+    `with new_llm_pair() as (triton, gateway):`."""
+    count = 0
+
+    @contextlib.contextmanager
+    def start() -> Iterator[tuple[EmbeddedTriton, Gateway]]:
+        nonlocal count
+        count += 1
+        log_dir = tmp_path / f"pair-{count}"
+        log_dir.mkdir()
+        with llm_triton_serving(log_dir) as triton, gateway_in_front_of(triton, log_dir) as gw:
+            yield triton, gw
+
+    return start
 
 
 @pytest.fixture(scope="session")

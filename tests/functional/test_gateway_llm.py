@@ -105,26 +105,53 @@ def test_generate_through_the_gateway_is_the_answer_triton_gives(llm_triton, llm
     assert through[1]["text_output"] == direct[1]["text_output"] == "CCCCC"
 
 
-def test_a_stream_through_the_gateway_is_the_same_answer_as_it_comes(llm_triton, llm_gateway):
-    """Each event passes the gateway when Triton sends it: its time to first token is Triton's,
-    and the events stay spread over the generation (HAProxy without `option http-no-delay`
-    held them in ~200 ms lumps: TTFT +200 ms, every gap 0)."""
+#: New Triton-and-gateway pairs the stream check runs on, beside the session's: streams were
+#: held to their end in about one server start in two, for the whole life of that server, so
+#: one pair passed by luck as often as not.
+FRESH_PAIRS = 2
+
+
+def stream_timings(triton, gateway, tries: int = 7) -> dict[str, list[tuple[float, float]]]:
+    """Per path, (time to first event, first to last event) in ms of `tries` streams each,
+    interleaved so that both paths see the same machine; each stream is Triton's whole answer."""
     body = {"text_input": "gRPC", "max_tokens": 32, **GREEDY}
-    status, whole = generate(llm_triton.http_url, body)
+    status, whole = generate(triton.http_url, body)
     assert status == 200, whole
-    first = {"direct": [], "gateway": []}
-    spread = {"direct": [], "gateway": []}
-    for _ in range(7):  # interleaved, so both see the same machine
-        for name, url in (("direct", llm_triton.http_url), ("gateway", llm_gateway.http_url)):
+    timings = {"direct": [], "gateway": []}
+    for _ in range(tries):
+        for name, url in (("direct", triton.http_url), ("gateway", gateway.http_url)):
             parsed, arrived = events(url, body)
             assert "".join(e["text_output"] for e in parsed) == whole["text_output"], name
-            first[name].append(arrived[0])
-            spread[name].append(arrived[-1] - arrived[0])
-    ttft = {name: statistics.median(values) * 1000 for name, values in first.items()}
-    gaps = {name: statistics.median(values) * 1000 for name, values in spread.items()}
-    print(f"time to first event ms {ttft}; first to last event ms {gaps}")
-    assert ttft["gateway"] <= ttft["direct"] * 1.5 + 10, ttft
-    assert gaps["gateway"] >= gaps["direct"] * 0.5, gaps
+            timings[name].append(((arrived[0]) * 1000, (arrived[-1] - arrived[0]) * 1000))
+    return timings
+
+
+def test_streams_pass_the_gateway_as_they_come_on_several_servers(
+    llm_triton, llm_gateway, new_llm_pair
+):
+    """Each event passes the gateway when Triton sends it: its time to first token is Triton's,
+    and the events stay spread over the generation (HAProxy without `option http-no-delay`
+    held them in ~200 ms lumps: TTFT +200 ms, every gap 0). Also on servers started afresh, and
+    no stream on either path comes in one piece: when vLLM's CPU engine, busy-waiting on both
+    cores, kept its full CPU share, the reader of a stream (the client, or HAProxy) waited
+    ~100 ms at a time for a core and got whole answers at their end, on both paths alike."""
+    pairs = [stream_timings(llm_triton, llm_gateway)]
+    for _ in range(FRESH_PAIRS):
+        with new_llm_pair() as (triton, gateway):
+            pairs.append(stream_timings(triton, gateway))
+    for number, timings in enumerate(pairs):
+        ttft = {name: statistics.median(t for t, _ in v) for name, v in timings.items()}
+        spread = {name: statistics.median(s for _, s in v) for name, v in timings.items()}
+        # In one piece: first to last event under a tenth of the pair's typical spread (a
+        # relative bound: how long 32 tokens take depends on the machine).
+        longest = max(s for v in timings.values() for _, s in v)
+        whole = {name: sum(s < longest / 10 for _, s in v) for name, v in timings.items()}
+        print(f"pair {number}: time to first event ms {ttft}; first to last event ms {spread}; "
+              f"streams in one piece {whole}")  # fmt: skip
+        assert ttft["gateway"] <= ttft["direct"] * 1.5 + 10, (number, timings)
+        assert spread["gateway"] >= spread["direct"] * 0.5, (number, timings)
+        # One stream of 14 may meet a loaded machine's hiccup; held ones came by the half.
+        assert sum(whole.values()) <= 1, (number, timings)
 
 
 def test_the_grpc_stream_goes_to_the_llm(llm_triton, llm_gateway):

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import time
 import urllib.request
+from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support import LLM_REPOSITORY
@@ -202,6 +205,24 @@ def test_the_vllm_metrics_count_what_was_generated(llm_triton):
     ):
         assert metric(after, f"{histogram}_count") > metric(before, f"{histogram}_count")
         assert f'{histogram}_bucket{{model="{LLM_MODEL}",version="1",le="+Inf"}}' in after
+
+
+def test_the_engine_steps_back_for_every_other_program(llm_triton):
+    """vLLM's CPU engine busy-waits on every core while it generates: it runs in a session of
+    its own (an autogroup of its own, which is how Linux shares the CPU between sessions) at a
+    positive nice, so that whoever reads its tokens gets a core when woken. Triton's frontend
+    keeps its session and priority."""
+    server = psutil.Process(llm_triton.process.pid)
+    engines = [p for p in server.children(recursive=True) if p.name().startswith("VLLM")]
+    assert len(engines) >= 2, "expected vLLM's engine core and worker under tritonserver"
+    autogroup = Path("/proc/self/autogroup").exists()
+    for engine in engines:
+        assert os.getsid(engine.pid) != os.getsid(server.pid), engine
+        assert engine.nice() > server.nice() == 0, (engine, engine.nice())
+        if autogroup:
+            group = Path(f"/proc/{engine.pid}/autogroup").read_text()
+            assert group.split()[0] != Path(f"/proc/{server.pid}/autogroup").read_text().split()[0]
+            assert group.split()[-1] == str(engine.nice()), group
 
 
 def test_infer_is_refused_for_the_decoupled_model(llm_triton):

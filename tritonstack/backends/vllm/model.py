@@ -44,6 +44,15 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 ENGINE_ARGS_FILE = "model.json"
 MODEL_OVERRIDE_ENV = "TRITONSTACK_LLM_MODEL"
+#: How far the engine steps back for every other program (a nice value, 0-19). vLLM's CPU engine
+#: is two processes that busy-wait on each other between steps (sched_yield for 1 s after each
+#: message, vllm/distributed/device_communicators/shm_broadcast.py), so while it generates they
+#: hold every core of a small machine. With Linux's autogroups (one CPU share per session) the
+#: processes waiting on the engine's tokens (the client, the gateway, Triton's own frontend) were
+#: left runnable for ~100 ms at a time and got a stream's events in one piece at its end; a
+#: session of its own at nice 10 gives them the CPU as soon as they are woken, and the engine
+#: still has all of it when nobody else needs it (docs/operations.md, "LLM streams held").
+ENGINE_NICE = 10
 
 INPUTS = [
     {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
@@ -92,6 +101,31 @@ def one_two_five(limit: int) -> list[int]:
                 return buckets
             buckets.append(step * scale)
         scale *= 10
+
+
+def step_back_for_other_programs(nice: int) -> list[str]:
+    """Put this process, and every process and thread it starts from now on (the engine's), in
+    a session of its own whose CPU share is `nice`'s; return what the kernel refused, if any.
+
+    Both levels are needed: with autogroups, a session competes for the CPU as one, whatever its
+    processes' own nice values; without them (or where /proc/self/autogroup is refused), the
+    threads' nice value is what counts, and threads and children inherit it from their creator.
+    """
+    problems = []
+    try:
+        os.setsid()
+    except OSError as exc:  # already a session or group leader: keep the session it has
+        problems.append(f"setsid: {exc.strerror}")
+    try:
+        with open("/proc/self/autogroup", "w", encoding="ascii") as autogroup:
+            autogroup.write(str(nice))
+    except OSError as exc:  # a kernel without autogroups
+        problems.append(f"/proc/self/autogroup: {exc.strerror}")
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)  # on Linux: this thread and what it starts
+    except OSError as exc:
+        problems.append(f"setpriority: {exc.strerror}")
+    return problems
 
 
 class InvalidRequest(ValueError):
@@ -362,6 +396,8 @@ class TritonPythonModel:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         engine_args = AsyncEngineArgs(**engine_config)
+        for problem in step_back_for_other_programs(ENGINE_NICE):
+            self.logger.log_warn(f"[vllm] the engine keeps its CPU priority: {problem}")
         parameters = self.model_config.get("parameters", {})
         report = parameters.get("REPORT_CUSTOM_METRICS", {}).get("string_value", "")
         self._metric_updates: queue.Queue = queue.Queue()
