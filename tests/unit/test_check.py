@@ -132,6 +132,32 @@ def _append(relative: str, text: str) -> Callable[[Path], None]:
     return mutate
 
 
+def _label_output(label_filename: str, labels: bytes | None) -> Callable[[Path], None]:
+    """Triton's classification extension on classifier's output "class" (dims [ 2 ])."""
+
+    def mutate(repo: Path) -> None:
+        edit(
+            repo,
+            "classifier/config.pbtxt",
+            CLASS_OUTPUT,
+            f'{CLASS_OUTPUT}\n    label_filename: "{label_filename}"',
+        )
+        if labels is not None:
+            (repo / "classifier" / "labels.txt").write_bytes(labels)
+
+    return mutate
+
+
+def _rename_postprocess_input(repo: Path) -> None:
+    edit(repo, "postprocess/config.pbtxt", 'name: "class"', 'name: "scores"')
+    edit(
+        repo,
+        "pipeline/config.pbtxt",
+        'input_map { key: "class" value: "scores" }',
+        'input_map { key: "scores" value: "scores" }',
+    )
+
+
 CLASS_FP32 = 'name: "class"\n    data_type: TYPE_FP32'
 FEATURES_FP32 = 'name: "features"\n    data_type: TYPE_FP32'
 CLASS_OUTPUT = 'output [\n  {\n    name: "class"'
@@ -326,16 +352,108 @@ CASES = {
         ],
         2,
     ),
-    "labels-single-line": (
+    "labels-count-differs-any-input-name": (
+        # The class count is the single input's fixed dimension, whatever the input is called.
+        lambda repo: (_rename_postprocess_input(repo), _append(LABELS, "maybe\n")(repo)),
+        "postprocess/config.pbtxt",
+        ['which has 3 labels, but input "scores" (dims [ 2 ]) has 2 scores', "; write exactly"],
+        2,
+    ),
+    "labels-one-for-two-classes": (
         _write(LABELS, b"relevant\n\n"),
         "postprocess/config.pbtxt",
-        ["which has 1 non-empty line(s)", "; write one label per class"],
+        ['which has 1 label, but input "class" (dims [ 2 ]) has 2 scores', "; write exactly"],
+        2,
+    ),
+    "labels-file-without-a-label": (
+        _write(LABELS, b"\n  \n"),
+        "postprocess/config.pbtxt",
+        [
+            "postprocess/labels.txt, which holds no label (no non-empty line)",
+            "; write one label per class, one per line, in class-index order",
+        ],
+        2,
+    ),
+    "labels-file-duplicate": (
+        _write(LABELS, b"relevant\n\nrelevant\n"),
+        "postprocess/config.pbtxt",
+        [
+            'postprocess/labels.txt, which has "relevant" on lines 1 and 3',
+            "; give each class a label of its own",
+        ],
+        2,
+    ),
+    "labels-file-unreadable": (
+        _write(LABELS, b"\xffrelevant\n"),
+        "postprocess/config.pbtxt",
+        ["postprocess/labels.txt, which cannot be read (", "; write it as UTF-8 text"],
         2,
     ),
     "bls-fallback-typo": (
         _edit("classify/config.pbtxt", '"classifier" }', '"clasifier" }'),
         "classify/config.pbtxt",
         ['parameters "fallback_model" names model "clasifier", which is not in the repository'],
+        1,
+    ),
+    # --- Triton's classification extension: label_filename on an output ---
+    "label-filename-missing": (
+        _label_output("labels.txt", None),
+        "classifier/config.pbtxt",
+        [
+            'output[0] "class".label_filename is "labels.txt" but',
+            "classifier/labels.txt does not exist; create it (one label per line, in class-index "
+            "order) or fix the name, which is relative to",
+        ],
+        1,
+    ),
+    "label-filename-outside-model-directory": (
+        _label_output("../postprocess/labels.txt", None),
+        "classifier/config.pbtxt",
+        [
+            'output[0] "class".label_filename is "../postprocess/labels.txt", outside',
+            "; put the labels file in the model directory and name it relative to it",
+        ],
+        1,
+    ),
+    "label-filename-empty-file": (
+        _label_output("labels.txt", b""),
+        "classifier/config.pbtxt",
+        ["classifier/labels.txt, which holds no label; write its 2 labels, one per line"],
+        1,
+    ),
+    "label-filename-unreadable": (
+        _label_output("labels.txt", b"\xffnot relevant\nrelevant\n"),
+        "classifier/config.pbtxt",
+        ["classifier/labels.txt, which cannot be read (", "; write it as UTF-8 text"],
+        1,
+    ),
+    "label-filename-empty-line": (
+        _label_output("labels.txt", b"\nrelevant\n"),
+        "classifier/config.pbtxt",
+        [
+            "classifier/labels.txt, where line 1 is empty: Triton reads every line as a label",
+            "; write that class's label on each empty line, or delete a stray one",
+        ],
+        1,
+    ),
+    "label-filename-windows-line-endings": (
+        _label_output("labels.txt", b"not relevant\r\nrelevant\r\n"),
+        "classifier/config.pbtxt",
+        [
+            "classifier/labels.txt, which has Windows line endings",
+            "; save the file with Unix line endings",
+        ],
+        1,
+    ),
+    "label-filename-count-differs": (
+        _label_output("labels.txt", b"not relevant\nrelevant\nmaybe\n"),
+        "classifier/config.pbtxt",
+        [
+            'output[0] "class".label_filename points at',
+            "classifier/labels.txt, which has 3 labels, but the output has 2 classes (the last "
+            "dimension of dims [ 2 ])",
+            "; write exactly one label per class",
+        ],
         1,
     ),
     # --- check 4: ONNX against its config ---
@@ -500,6 +618,11 @@ def test_broken_repository(
     assert len(matching) == 1, "\n".join(messages)
     if count is not None:
         assert len(messages) == count, "\n".join(messages)
+
+
+def test_a_labelled_output_with_one_label_per_class_is_servable(repo: Path) -> None:
+    _label_output("labels.txt", b"not relevant\nrelevant\n")(repo)
+    assert check_repository(repo) == []
 
 
 # --- configs/<name>.pbtxt (--model-config-name), e.g. classifier/configs/gpu.pbtxt ---------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tritonstack.check.ensemble import check_ensemble
-from tritonstack.check.labels import check_labels_file
+from tritonstack.check.labels import check_label_filenames, check_labels_file
 from tritonstack.check.messages import sayer, shown
 from tritonstack.check.model_config import check_basics, check_queue_policy
 from tritonstack.check.onnx_graph import check_onnx
@@ -122,6 +122,7 @@ def _check_model(model: Model, config_path: Path | None = None) -> list[str]:
         check_tensorrt_files(model, versions, say)
     elif kind == "vllm":
         check_vllm(model, versions, say)
+    check_label_filenames(model, say)
     return problems
 
 
