@@ -9,7 +9,7 @@ own Python cost nothing. Pure functions of the results dict, so they are unit-te
 
 from __future__ import annotations
 
-from bench.scenarios import SERVERS, TRITON
+from bench.scenarios import SERVERS, TRITON, point_key
 
 JSON = "http-json"
 #: Below this many µs per request a process only idled (a stub the request never reached).
@@ -28,9 +28,7 @@ CPU_ROWS = (
 
 
 def _point(results: dict, server: str, model: str, c: int) -> dict | None:
-    from bench.report import key
-
-    wanted = key(server, model, JSON, c)
+    wanted = point_key(server, model, JSON, c)
     return next((p for p in results["points"] if p["key"] == wanted), None)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import llm_report
-from bench.scenarios import DELAY_SERVERS, FAMILIES, SERVERS, TRITON, Point
+from bench import explain, llm_report
+from bench.scenarios import DELAY_SERVERS, FAMILIES, SERVERS, TRITON, point_key
 from bench.stats import Target, ratio_target
 from tritonstack.errors import UserError
 
@@ -50,15 +50,9 @@ TARGET_NAMES = (
 )
 
 
-def key(server: str, model: str, protocol: str, concurrency: int) -> str:
-    if server not in SERVERS:  # a misspelt key would otherwise read as "not run"
-        raise KeyError(f"{server!r} is not a server of bench.scenarios.SERVERS")
-    return Point(server, model, protocol, concurrency).key
-
-
 def _get(results: dict, server: str, model: str, protocol: str, c: int) -> dict | None:
     for point in results["points"]:
-        if point["key"] == key(server, model, protocol, c):
+        if point["key"] == point_key(server, model, protocol, c):
             return point
     return None
 
@@ -408,8 +402,6 @@ def _breakdown(results: dict) -> str:
 
 def _why_section(results: dict) -> list[str]:
     """The targets explained: CPU per request by process, py-spy on the stubs, the bounds."""
-    from bench import explain
-
     cpu, profiles = explain.cpu_table(results), explain.profile_table(results)
     if not cpu:
         return []

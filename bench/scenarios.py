@@ -127,6 +127,13 @@ class Point:
         return SERVERS[self.server]
 
 
+def point_key(server: str, model: str, protocol: str, concurrency: int) -> str:
+    """The key of results.json's point for these, for looking one up by what it measured."""
+    if server not in SERVERS:  # a misspelt key would otherwise read as "not run"
+        raise KeyError(f"{server!r} is not a server of bench.scenarios.SERVERS")
+    return Point(server, model, protocol, concurrency).key
+
+
 @dataclass(frozen=True)
 class Settings:
     quick: bool
