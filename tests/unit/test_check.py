@@ -402,7 +402,7 @@ CASES = {
         [
             'output[0] "class".label_filename is "labels.txt" but',
             "classifier/labels.txt does not exist; create it (one label per line, in class-index "
-            "order) or fix the name, which is relative to",
+            "order) or fix the path, which is relative to",
         ],
         1,
     ),

@@ -43,15 +43,7 @@ def check_labels_file(model: Model, models: dict[str, Model], say: Say) -> None:
         say(field, "is empty", "set it to the labels file, relative to the model directory")
         return
     path = Path(os.path.normpath(model.directory / relative))
-    if not path.is_file():
-        say(
-            field,
-            f'is "{relative}" but {path} does not exist',
-            f"create it (one label per line, in class-index order) or fix the path, which is "
-            f"relative to {model.directory}/",
-        )
-        return
-    text = _read(path, field, say)
+    text = _read(model, relative, path, field, say)
     if text is None:
         return
     numbered = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -101,15 +93,7 @@ def _check_label_filename(
         )
         return
     path = model.directory / normalised
-    if not path.is_file():
-        say(
-            field,
-            f'is "{relative}" but {path} does not exist',
-            f"create it (one label per line, in class-index order) or fix the name, which is "
-            f"relative to {model.directory}/",
-        )
-        return
-    text = _read(path, field, say)
+    text = _read(model, relative, path, field, say)
     if text is None:
         return
     # Split as Triton reads it (std::getline): at "\n" only, a final newline ending the last line.
@@ -179,8 +163,17 @@ def _class_counts(model: Model, models: dict[str, Model]) -> list[tuple[str, int
     return []
 
 
-def _read(path: Path, field: str, say: Say) -> str | None:
-    """The file's text with its line endings as written (text mode would turn CRLF into LF)."""
+def _read(model: Model, relative: str, path: Path, field: str, say: Say) -> str | None:
+    """The labels file's text with its line endings as written (text mode would turn CRLF into
+    LF); None, said, when it is missing or unreadable."""
+    if not path.is_file():
+        say(
+            field,
+            f'is "{relative}" but {path} does not exist',
+            f"create it (one label per line, in class-index order) or fix the path, which is "
+            f"relative to {model.directory}/",
+        )
+        return None
     try:
         return path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
