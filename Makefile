@@ -36,7 +36,8 @@ $(VENV)/.llm-installed: $(VENV)/.installed requirements/llm-cpu.txt
 	$(BIN)/python -c 'import numpy, vllm; assert numpy.__version__ == "1.26.4", numpy.__version__'
 	touch $@
 
-generate: venv ## regenerate committed files: dashboards JSON, Kubernetes copies (tests fail on drift)
+generate: venv ## regenerate committed files: from model_repository/ and stack.env, dashboards JSON, Kubernetes copies (tests fail on drift)
+	$(BIN)/python -m tritonstack.derived
 	$(BIN)/tritonstack dashboards
 	$(BIN)/python -m tritonstack.k8s
 
@@ -47,7 +48,7 @@ lint: venv ## ruff, hadolint, shellcheck, yamllint, promtool, haproxy -c, compos
 	$(BIN)/shellcheck scripts/*.sh bench/*.sh tests/gpu/run.sh tests/standins/*/*.sh tests/standins/tritonserver/tritonserver
 	$(BIN)/yamllint .
 	promtool check rules prometheus/rules/*.yml
-	PATH="$$PATH:/usr/sbin" haproxy -c -f gateway/haproxy.cfg
+	$(BIN)/python -m tritonstack.gateway --check
 	docker-compose -f docker-compose.yml config -q
 
 format: venv ## apply ruff's fixes and formatting

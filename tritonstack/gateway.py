@@ -1,9 +1,10 @@
 """The gateway natively: Debian's haproxy running gateway/haproxy.cfg in front of Triton.
 
 The config is the one compose and Kubernetes run; this module only fills in its environment
-(ports, Triton's address, limits derived from the model repository, keys, certificate) and
-drives HAProxy's runtime API for what changes while it runs: more Triton replicas (`add server`)
-and API-key rotation (`prepare map` / `add map` / `commit map`, atomic, no restart).
+(ports, Triton's address, stack.env's admission settings, the limits tritonstack.limits derives
+from the model repository as a map file of its own, keys, certificate) and drives HAProxy's
+runtime API for what changes while it runs: more Triton replicas (`add server`) and API-key
+rotation (`prepare map` / `add map` / `commit map`, atomic, no restart).
 
     with EmbeddedTriton(repo, *free_ports(3)) as triton, Gateway.for_triton(triton) as gateway:
         client = tritonclient.http.InferenceServerClient(gateway.http_url)
@@ -22,37 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY, processes
-from tritonstack.contract import (
-    GATEWAY_METRICS_PORT,
-    GRPC_PORT,
-    HTTP_PORT,
-    LLM_MAX_PROMPT_BYTES,
-    LLM_MAX_TOKENS,
-    LLM_MODEL,
-    LLM_STREAMS_PER_REPLICA,
-    LOOPBACK,
-)
+from tritonstack.contract import GATEWAY_METRICS_PORT, GRPC_PORT, HTTP_PORT, LLM_MODEL, LOOPBACK
 from tritonstack.errors import UserError
+from tritonstack.limits import limits
 from tritonstack.project import project_dir
+from tritonstack.settings import Settings, load
 
 CONFIG = project_dir() / "gateway" / "haproxy.cfg"
-#: Requests in flight per Triton replica and protocol. Measured on 2 cores with wrk through the
-#: gateway at 64 connections (docs/operations.md, "The gateway"): accepted req/s 865 at 4,
-#: 1,592 at 8, 3,223 at 16, 3,572 at 32, 3,984 at 64. The dynamic batcher turns concurrency into
-#: batch size, so past ~16 more in flight only waits inside Triton; 32 keeps both instances'
-#: batches full with margin, and moves the rest of the wait to the gateway, bounded and counted.
-MAXCONN = 32
-#: Requests waiting at the gateway per replica before new ones are refused at once, and the
-#: longest any of them waits: at ~3,000 req/s per replica, 32 waiting drain in ~10 ms, so a
-#: 30 ms timeout only fires when Triton is really behind.
-QUEUE_PER_REPLICA = 32
-QUEUE_TIMEOUT_MS = 30
-#: Longest JSON rendering of one FP32 number plus its separator ("-1.2345678901234567e-05, "),
-#: and room for the request's envelope: what one row of a JSON request can cost in bytes.
-JSON_BYTES_PER_NUMBER = 26
-ENVELOPE_BYTES = 4096
-#: HAProxy's default request buffer; raised only when the body cap needs more.
-MIN_BUFSIZE = 262144
 #: `-dMglobal`: keep freed buffers in HAProxy's global pool. With glibc (Debian's build) HAProxy
 #: leaves that pool off and returns each freed request buffer (tune.bufsize, 256 kB here) to
 #: malloc, which trims and regrows the heap for every request: strace counted 1.5 brk() and 0.3
@@ -65,18 +42,6 @@ HAPROXY_FLAGS = ("-dMglobal",)
 THREADS = 1
 #: How long a soft stop may take: haproxy.cfg's hard-stop-after (a test holds them equal).
 SOFT_STOP_SECONDS = 15
-#: Room for a binary request's JSON header (tritonclient's is about 200 bytes) beside its tensor.
-BINARY_HEADER_BYTES = 8192
-#: Bytes of one FP32 value in a binary tensor.
-FP32_BYTES = 4
-#: Room in a generate request's body beside the prompt: every allowed key and parameter written
-#: out is under 1 kB; the rest is for stop strings.
-LLM_PARAMETER_BYTES = 4096
-#: Generations waiting at the gateway per LLM replica, and for how long, before a 503: a
-#: generation runs for seconds, so at 16 in flight a slot frees every few hundred ms; 8 waiting
-#: for up to 2 s get one, and more would wait longer than a retry after 1 s costs.
-LLM_QUEUE_PER_REPLICA = 8
-LLM_QUEUE_TIMEOUT_MS = 2000
 
 
 def haproxy_binary(option: str | None = None) -> str:
@@ -90,106 +55,6 @@ def haproxy_binary(option: str | None = None) -> str:
         f"{where}: `sudo apt-get install haproxy` (Debian/Ubuntu, 2.6 or newer), "
         "or pass --no-gateway to call Triton directly"
     )
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the gateway lets through, derived from the model repository."""
-
-    models: tuple[str, ...]
-    max_rows: int
-    features: int
-    llm_model: str = LLM_MODEL
-    llm_max_prompt: int = LLM_MAX_PROMPT_BYTES
-    llm_max_tokens: int = LLM_MAX_TOKENS
-
-    @property
-    def max_body(self) -> int:
-        return self.max_rows * self.features * JSON_BYTES_PER_NUMBER + ENVELOPE_BYTES
-
-    @property
-    def max_binary_body(self) -> int:
-        return self.max_rows * self.features * FP32_BYTES + BINARY_HEADER_BYTES
-
-    @property
-    def llm_max_body(self) -> int:
-        return self.llm_max_prompt + LLM_PARAMETER_BYTES
-
-    @property
-    def bufsize(self) -> int:
-        # A whole body plus headers must fit one buffer for the format check to see it.
-        return max(MIN_BUFSIZE, max(self.max_body, self.llm_max_body) + 16384)
-
-    @property
-    def rows_pattern(self) -> str:
-        """1 to max_rows as a regular expression alternation without leading zeros."""
-        return number_range_pattern(self.max_rows)
-
-    def environment(self) -> dict[str, str]:
-        """The request limits gateway/haproxy.cfg reads, as every runtime passes them."""
-        return {
-            "GATEWAY_MODELS": "|".join(self.models),
-            "GATEWAY_MAX_ROWS": str(self.max_rows),
-            "GATEWAY_ROWS_PATTERN": self.rows_pattern,
-            "GATEWAY_FEATURES": str(self.features),
-            "GATEWAY_MAX_BODY": str(self.max_body),
-            "GATEWAY_MAX_BINARY_BODY": str(self.max_binary_body),
-            "GATEWAY_BUFSIZE": str(self.bufsize),
-            "GATEWAY_LLM_MODEL": self.llm_model,
-            "GATEWAY_LLM_GRPC_NAME": grpc_name_prefix(self.llm_model),
-            "GATEWAY_LLM_MAX_PROMPT": str(self.llm_max_prompt),
-            "GATEWAY_LLM_MAX_BODY": str(self.llm_max_body),
-            "GATEWAY_LLM_MAX_TOKENS": str(self.llm_max_tokens),
-            "GATEWAY_LLM_TOKENS_PATTERN": number_range_pattern(self.llm_max_tokens),
-        }
-
-
-def grpc_name_prefix(model: str) -> str:
-    """How a gRPC ModelReady/ModelMetadata/ModelConfig request for `model` starts after gRPC's
-    5-byte message prefix, in hex: protobuf field 1 (tag 0x0A), its length, the name."""
-    name = model.encode()
-    if len(name) > 127:  # one length byte holds up to 127 (a varint)
-        raise ValueError(f"model name longer than 127 bytes: {model}")
-    return (bytes([0x0A, len(name)]) + name).hex().upper()
-
-
-def number_range_pattern(highest: int) -> str:
-    """A regex alternation matching the decimal integers 1..highest, written without leading
-    zeros, longest alternatives first: 64 -> "64|[1-5][0-9]|6[0-3]|[1-9]"."""
-    if highest < 1:
-        raise ValueError(f"no integers from 1 to {highest}")
-    digits = str(highest)
-    parts = []
-    # Numbers as long as `highest`: its prefix, then a smaller digit, then any digits.
-    for i, digit in enumerate(digits):
-        low = 1 if i == 0 else 0
-        if int(digit) > low:
-            smaller = f"[{low}-{int(digit) - 1}]" if int(digit) - 1 > low else str(low)
-            parts.append(digits[:i] + smaller + "[0-9]" * (len(digits) - i - 1))
-    parts.insert(0, digits)
-    # Every shorter length in full.
-    for length in range(len(digits) - 1, 0, -1):
-        parts.append("[1-9]" + "[0-9]" * (length - 1))
-    return "|".join(parts)
-
-
-def limits(repository: Path = DEFAULT_MODEL_REPOSITORY) -> Limits:
-    """Public models (those clients call) and their shared input contract, from config.pbtxt."""
-    from tritonstack.contract import MODEL_OUTPUTS
-    from tritonstack.repository import iter_models
-
-    configs = {m.name: m.config for m in iter_models(repository) if m.name in MODEL_OUTPUTS}
-    missing = sorted(set(MODEL_OUTPUTS) - set(configs))
-    if missing:
-        raise UserError(f"{repository}: public models {missing} missing; the gateway routes them")
-    rows = {c.max_batch_size for c in configs.values()}
-    widths = {tuple(c.input[0].dims) for c in configs.values()}
-    if len(rows) != 1 or len(widths) != 1 or len(next(iter(widths))) != 1:
-        raise UserError(
-            f"{repository}: the public models must share max_batch_size and one [N] input "
-            f"(found max_batch_size {sorted(rows)}, dims {sorted(widths)})"
-        )
-    return Limits(tuple(sorted(configs)), rows.pop(), widths.pop()[0])
 
 
 def is_loopback(address: str) -> bool:
@@ -214,7 +79,10 @@ def check_publishing(address: str, api_keys: Path | None) -> None:
 
 @dataclass
 class Gateway(processes.Endpoints):
-    """One haproxy process running gateway/haproxy.cfg natively; a context manager."""
+    """One haproxy process running gateway/haproxy.cfg natively; a context manager.
+
+    Admission (`maxconn`, `queue_per_replica`, `queue_timeout_ms` and the LLM's) defaults to
+    stack.env's settings."""
 
     triton_http_port: int
     triton_grpc_port: int
@@ -225,22 +93,39 @@ class Gateway(processes.Endpoints):
     triton_host: str = LOOPBACK
     api_keys: Path | None = None
     tls_cert: Path | None = None
-    maxconn: int = MAXCONN
-    queue_per_replica: int = QUEUE_PER_REPLICA
-    queue_timeout_ms: int = QUEUE_TIMEOUT_MS
+    maxconn: int | None = None
+    queue_per_replica: int | None = None
+    queue_timeout_ms: int | None = None
     model_repository: Path = DEFAULT_MODEL_REPOSITORY
+    settings: Settings | None = None
     #: A Triton serving the LLM (natively the same one); None: the LLM routes answer 503.
     llm_host: str | None = None
     llm_http_port: int = HTTP_PORT
     llm_grpc_port: int = GRPC_PORT
-    llm_streams: int = LLM_STREAMS_PER_REPLICA
-    llm_queue_per_replica: int = LLM_QUEUE_PER_REPLICA
-    llm_queue_timeout_ms: int = LLM_QUEUE_TIMEOUT_MS
+    llm_streams: int | None = None
+    llm_queue_per_replica: int | None = None
+    llm_queue_timeout_ms: int | None = None
     log_path: Path | None = None
     haproxy_bin: str | None = None
     config: Path = CONFIG
     process: subprocess.Popen | None = field(default=None, init=False)
     replicas: int = field(default=1, init=False)
+
+    def __post_init__(self) -> None:
+        from tritonstack.settings import milliseconds
+
+        settings = self.settings = load() if self.settings is None else self.settings
+        defaults = {
+            "maxconn": settings.GATEWAY_MAXCONN,
+            "queue_per_replica": settings.GATEWAY_QUEUE_PER_REPLICA,
+            "queue_timeout_ms": milliseconds(settings.GATEWAY_QUEUE_TIMEOUT),
+            "llm_streams": settings.GATEWAY_LLM_STREAMS,
+            "llm_queue_per_replica": settings.GATEWAY_LLM_QUEUE_PER_REPLICA,
+            "llm_queue_timeout_ms": milliseconds(settings.GATEWAY_LLM_QUEUE_TIMEOUT),
+        }
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
     @classmethod
     def for_triton(cls, triton, **kwargs) -> Gateway:
@@ -258,24 +143,25 @@ class Gateway(processes.Endpoints):
         return "https" if self.tls_cert else "http"
 
     def environment(self) -> dict[str, str]:
-        lim = limits(self.model_repository)
         env = {
             key: value
             for key, value in os.environ.items()
             if not key.startswith(("GATEWAY_", "TRITON_", "LLM_"))  # only what is set here counts
         }
         env.update(
+            self.settings.environment(),
             GATEWAY_ADDRESS=self.address,
             GATEWAY_PUBLISH_ADDRESS=self.address,
             GATEWAY_HTTP_PORT=str(self.http_port),
             GATEWAY_GRPC_PORT=str(self.grpc_port),
             GATEWAY_METRICS_PORT=str(self.metrics_port),
             GATEWAY_RUNTIME_SOCKET=str(self.runtime_socket),
+            GATEWAY_MODELS_MAP=str(self.models_map),
             GATEWAY_MAXCONN=str(self.maxconn),
             GATEWAY_QUEUE_PER_REPLICA=str(self.queue_per_replica),
             GATEWAY_QUEUE_TIMEOUT=f"{self.queue_timeout_ms}ms",
             GATEWAY_THREADS=str(THREADS),
-            **lim.environment(),
+            **self.limits.environment(),
             TRITON_HOST=self.triton_host,
             TRITON_HTTP_PORT=str(self.triton_http_port),
             TRITON_GRPC_PORT=str(self.triton_grpc_port),
@@ -299,8 +185,13 @@ class Gateway(processes.Endpoints):
         """Start haproxy; return once it answers through to a ready Triton."""
         check_publishing(self.address, self.api_keys)
         binary = haproxy_binary(self.haproxy_bin)
+        # The public models' bounds for the repository this gateway fronts: a map of its own,
+        # so a repository other than the project's (serve --model-repository) gets its own.
+        self.limits = limits(self.model_repository, self.settings)
         self._run_dir = Path(tempfile.mkdtemp(prefix="tritonstack-gateway-"))
         self.runtime_socket = self._run_dir / "runtime.sock"
+        self.models_map = self._run_dir / "models.map"
+        self.models_map.write_text(self.limits.models_map())
         if self.log_path is None:
             self.log_path = self._run_dir / "haproxy.log"
         self.process = processes.spawn(
@@ -471,8 +362,9 @@ def add_arguments(parser) -> None:
     group.add_argument(
         "--maxconn",
         type=int,
-        default=MAXCONN,
-        help=f"requests in flight per Triton replica and protocol (default: {MAXCONN})",
+        default=None,
+        help="requests in flight per Triton replica and protocol (default: stack.env's "
+        "GATEWAY_MAXCONN)",
     )
     group.add_argument("--haproxy-bin", default=None, help="default: haproxy on PATH or /usr/sbin")
 
@@ -534,3 +426,52 @@ def endpoint_rows(triton, gateway: Gateway | None) -> dict[str, str]:
         "Triton gRPC (direct)": triton.grpc_url,
         "Triton metrics": triton.metrics_url,
     }
+
+
+def check_config(
+    config: Path = CONFIG, haproxy_bin: str | None = None, **overrides: str | None
+) -> str:
+    """`haproxy -c` on `config` with the environment a native gateway in front of the project's
+    repository gets (`overrides` over it; None unsets a variable); its output, or a UserError
+    with HAProxy's complaint."""
+    gateway = Gateway(TRITON_HTTP_PORT, TRITON_GRPC_PORT, config=config)
+    gateway.limits = limits(gateway.model_repository, gateway.settings)
+    with tempfile.TemporaryDirectory(prefix="tritonstack-gateway-check-") as run_dir:
+        gateway.runtime_socket = Path(run_dir) / "runtime.sock"
+        gateway.models_map = Path(run_dir) / "models.map"
+        gateway.models_map.write_text(gateway.limits.models_map())
+        env = {**gateway.environment(), **overrides}
+        env = {key: value for key, value in env.items() if value is not None}
+        result = subprocess.run(
+            [haproxy_binary(haproxy_bin), "-c", "-dW", "-f", str(config)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    output = (result.stdout + result.stderr).strip()
+    if result.returncode != 0:
+        raise UserError(f"haproxy -c refused {config}:\n{output}")
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tritonstack.gateway --check`: parse gateway/haproxy.cfg as `serve` runs it."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m tritonstack.gateway")
+    parser.add_argument(
+        "--check", action="store_true", required=True, help="haproxy -c, warnings fatal"
+    )
+    parser.parse_args(argv)
+    try:
+        print(check_config())
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,12 +12,12 @@ with job `triton`, and the job is left out.
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
+from tritonstack.derived import probe_targets
 from tritonstack.project import project_dir
 
 PROMETHEUS_DIR = project_dir() / "prometheus"
@@ -33,12 +33,13 @@ def render(
     blackbox: str | None = None,
     triton_http: str | None = None,
     gateway_metrics: str | None = None,
+    probed_models: Sequence[str] = (),
 ) -> str:
     """prometheus.yml with job `triton` -> `triton_metrics`, job `locust` -> exporters, job
     `gateway` -> HAProxy's exporter at `gateway_metrics` (host:port; left out when None, i.e.
     Triton served without the gateway), and job `deep_probe` -> the blackbox exporter at
     `blackbox` probing `triton_http`, the host:port where clients send HTTP (the gateway's, or
-    Triton's without one; left out unless both are given)."""
+    Triton's without one; left out unless both are given) for each of `probed_models`."""
     config = yaml.safe_load(source.read_text())
     config["rule_files"] = [str(rules_dir.resolve() / "*.yml")]
     targets = {"triton": [triton_metrics], "locust": list(locust_exporters)}
@@ -53,8 +54,9 @@ def render(
         if job["job_name"] != "deep_probe":
             jobs.append(job)
         elif blackbox and triton_http:
-            url = urllib.parse.urlsplit(job["static_configs"][0]["targets"][0])
-            job["static_configs"] = [{"targets": [url._replace(netloc=triton_http).geturl()]}]
+            # The generated targets' file, for the models this Triton serves and this address.
+            job.pop("file_sd_configs", None)
+            job["static_configs"] = probe_targets(probed_models, triton_http)
             job["relabel_configs"][-1]["replacement"] = blackbox
             jobs.append(job)
     config["scrape_configs"] = jobs
@@ -75,9 +77,10 @@ def render_blackbox(
     """prometheus/blackbox.yml with the deep probe's API key read from `api_key_file` instead of
     compose's secrets volume (None: the probe sends no key, for a gateway that asks for none)."""
     config = yaml.safe_load(source.read_text())
-    http = config["modules"]["triton_pipeline"]["http"]
-    if api_key_file is None:
-        http.pop("authorization", None)
-    else:
-        http["authorization"]["credentials_file"] = str(Path(api_key_file).resolve())
+    for module in config["modules"].values():
+        http = module["http"]
+        if api_key_file is None:
+            http.pop("authorization", None)
+        else:
+            http["authorization"]["credentials_file"] = str(Path(api_key_file).resolve())
     return yaml.safe_dump(config, sort_keys=False)

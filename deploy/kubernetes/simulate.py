@@ -143,10 +143,11 @@ class HpaSpec:
 
 def gateway_limits() -> tuple[int, int]:
     """(requests in flight per pod, waiting requests per pod): the gateway's admission settings
-    (tritonstack/gateway.py, which deploy/kubernetes/base/generated/gateway.env copies)."""
-    from tritonstack import gateway
+    (stack.env, which deploy/kubernetes/base/generated/gateway.env copies)."""
+    from tritonstack.settings import load
 
-    return gateway.MAXCONN, gateway.QUEUE_PER_REPLICA
+    settings = load()
+    return settings.GATEWAY_MAXCONN, settings.GATEWAY_QUEUE_PER_REPLICA
 
 
 @dataclass

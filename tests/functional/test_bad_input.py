@@ -1,7 +1,9 @@
 """Bad requests get a clear 4xx naming the problem, and the server stays ready afterwards.
 
 Every request goes where a user's would: through the gateway, which answers what it checks
-itself (routes, shape, body size) and passes the rest to Triton, whose own message comes back.
+itself (routes, the request's format and size, the values its shapes declare against the
+model's bound, data that disagrees with its shape) and passes the rest to Triton, whose own
+message (a 400 naming the model's tensors) comes back.
 Raw HTTP is used on purpose: these requests are ones a correct client library refuses to build.
 """
 
@@ -75,7 +77,7 @@ BAD_HTTP = [
         json_request([1, 127]),
         {},
         400,
-        "inputs[0].shape[1] must be 128 (features per row)",  # the gateway's check
+        "unexpected shape for input 'features' for model 'classifier'",  # Triton's own
     ),
     (
         "wrong datatype",
@@ -99,7 +101,7 @@ BAD_HTTP = [
         json.dumps({"inputs": []}),
         {},
         400,
-        "inputs[0].shape [1 to 64, 128] in integers",  # the gateway's check
+        "not an inference request the gateway accepts",  # the gateway's check
     ),
     (
         "unknown input name",
@@ -115,7 +117,7 @@ BAD_HTTP = [
         json_request([65, 128]),
         {},
         400,
-        "inputs[0].shape[0] (rows) must be an integer from 1 to 64",  # the gateway's check
+        "declare 8320 values; classifier takes at most 8192",  # the gateway's check
     ),
     (
         "zero-size batch",
@@ -123,7 +125,7 @@ BAD_HTTP = [
         json_request([0, 128]),
         {},
         400,
-        "inputs[0].shape[0] (rows) must be an integer from 1 to 64",  # the gateway's check
+        "input byte size mismatch for input 'features'",  # Triton's own: no row, no data
     ),
     (
         "binary header length beyond the body",
@@ -193,10 +195,10 @@ def test_unparseable_body_is_upstream_500_and_harmless(triton, model, body, mess
     ("model", "body"), [case[1:3] for case in UPSTREAM_500], ids=[c[0] for c in UPSTREAM_500]
 )
 def test_unparseable_body_is_400_at_the_gateway(gateway, model, body):
-    """Through the gateway the same bodies never reach Triton: its shape check answers 400."""
+    """Through the gateway the same bodies never reach Triton: its format check answers 400."""
     got_status, got_body = post(gateway, f"/v2/models/{model}/infer", body)
     assert got_status == 400
-    assert "inputs[0].shape [1 to 64, 128] in integers" in json.loads(got_body)["error"]
+    assert "not an inference request the gateway accepts" in json.loads(got_body)["error"]
     assert_still_serving(gateway)
 
 

@@ -1,52 +1,49 @@
 """What compose runs, run here: the container healthcheck against the real Triton of the
-embedded runtime (serving, broken, a killed stub), and HAProxy 2.6 on the gateway config with
-the environment compose gives it (limits from model_repository/, keys when published)."""
+embedded runtime (serving, broken, a killed stub, a slow model), and HAProxy 2.6 on the gateway
+config with the environment compose gives it (stack.env and the limits derived from
+model_repository/, keys when published)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPOSITORY, ROOT, compose_seconds, require_tool
-from tests.unit.test_compose import (
-    COMPOSE,
-    assert_listens,
-    compose_config,
-    healthcheck,
-)
+from tests.support import REPOSITORY, ROOT, compose_seconds
+from tests.unit.test_compose import COMPOSE, assert_listens, compose_config
+from tests.unit.test_health import healthcheck
+from tritonstack import health
+from tritonstack.errors import UserError
+from tritonstack.gateway import check_config
+from tritonstack.settings import load
 
 
 def test_healthcheck_passes_on_a_serving_triton(triton) -> None:
-    labels = str(REPOSITORY / "postprocess" / "labels.txt")
-    result = healthcheck(
-        "--url", triton.http_url, "--labels", labels, "--model", "pipeline", "--model", "classify"
-    )
+    """The public models (stack.env's, as the image's copy or $PUBLIC_MODELS gives them), each
+    called with a row of zeros shaped from its metadata."""
+    public = load().public_models
+    env = {"PUBLIC_MODELS": " ".join(public)}
+    result = healthcheck("--url", triton.http_url, env=env)
     assert result.returncode == 0, result.stderr
-    assert re.fullmatch(
-        r"healthy: pipeline -> (not )?relevant\nhealthy: classify -> (not )?relevant\n",
-        result.stdout,
-    )
+    assert [line.split(":")[:2] for line in result.stdout.splitlines()] == [
+        ["healthy", f" {model}"] for model in public
+    ]
 
 
 def test_healthcheck_fails_on_a_broken_model_or_server(triton) -> None:
     missing = healthcheck("--url", triton.http_url, "--model", "pipeline", "--model", "nope")
     assert missing.returncode == 1
     assert "healthy: pipeline" in missing.stdout
-    assert "unhealthy: nope: HTTP 404" in missing.stderr
-    labels = Path(sys.prefix).parent / "no-such-labels"  # any label is fine without a file
-    wrong = ROOT / "tests" / "fakes" / "fake_trtexec"  # a file whose lines are not labels
-    assert healthcheck("--url", triton.http_url, "--labels", str(labels)).returncode == 0
-    mislabelled = healthcheck("--url", triton.http_url, "--labels", str(wrong))
-    assert mislabelled.returncode == 1 and "is not one of" in mislabelled.stderr
+    assert "unhealthy: nope: HTTP 404 for /v2/models/nope" in missing.stderr
     from tritonstack.runtime import free_ports
 
     (closed,) = free_ports(1)
-    down = healthcheck("--url", f"127.0.0.1:{closed}", "--timeout", "2")
+    down = healthcheck("--url", f"127.0.0.1:{closed}", "--timeout", "2", "--model", "pipeline")
     assert down.returncode == 1 and "unhealthy: pipeline: no answer from" in down.stderr
 
 
@@ -62,7 +59,7 @@ def test_healthcheck_fails_when_a_stub_is_killed_while_2_51_stays_ready(tmp_path
     http, grpc, metrics = free_ports(3)
     server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=tmp_path / "triton.log")
     with server:
-        assert healthcheck("--url", server.http_url).returncode == 0
+        assert healthcheck("--url", server.http_url, "--model", "pipeline").returncode == 0
         stubs = [
             child
             for child in psutil.Process(server.process.pid).children(recursive=True)
@@ -73,7 +70,7 @@ def test_healthcheck_fails_when_a_stub_is_killed_while_2_51_stays_ready(tmp_path
         for stub in stubs:
             stub.kill()
         psutil.wait_procs(stubs, timeout=10)
-        result = healthcheck("--url", server.http_url, "--timeout", "10")
+        result = healthcheck("--url", server.http_url, "--timeout", "10", "--model", "pipeline")
         ready = urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5)
     assert result.returncode == 1, result.stdout
     assert "unhealthy: pipeline: HTTP " in result.stderr
@@ -81,15 +78,72 @@ def test_healthcheck_fails_when_a_stub_is_killed_while_2_51_stays_ready(tmp_path
     assert ready.status == 200  # pins the Triton 2.51 behaviour the deep probe exists for
 
 
+SLOW_MODEL = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep({seconds})  # a server busy with work it cannot finish sooner
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
+        return responses
+"""
+SLOW_CONFIG = """
+name: "slow"
+backend: "python"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+
+def test_healthcheck_calls_a_slow_server_busy_within_its_deadline(tmp_path: Path) -> None:
+    """A live server slower than the check's deadline: exit 0 (busy), and the check ends before
+    its deadline plus Python's start, so Docker's timeout (above the deadline) never cuts it."""
+    from tritonstack.runtime import EmbeddedTriton, free_ports
+
+    repository = tmp_path / "repository"
+    (repository / "slow" / "1").mkdir(parents=True)
+    (repository / "slow" / "config.pbtxt").write_text(textwrap.dedent(SLOW_CONFIG))
+    (repository / "slow" / "1" / "model.py").write_text(SLOW_MODEL.format(seconds=6))
+    http, grpc, metrics = free_ports(3)
+    with EmbeddedTriton(repository, http, grpc, metrics, log_path=tmp_path / "triton.log") as s:
+        started = time.monotonic()
+        result = healthcheck("--url", s.http_url, "--model", "slow", "--deadline", "3")
+        took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("busy: slow: no answer within"), result.stdout
+    assert took < 3 + 1.5, f"the check took {took:.1f} s past its 3 s deadline"
+
+
+def test_the_healthcheck_deadline_ends_before_docker_s_timeout(gpu: dict) -> None:
+    """Docker counts a healthcheck running past its timeout as a failure: the script's own
+    deadline, plus the interpreter's start, must end first, in compose and in the image."""
+    check = gpu["services"]["triton"]["healthcheck"]
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    image_timeout = re.search(r"HEALTHCHECK .*--timeout=(\S+)", dockerfile).group(1)
+    for timeout in (compose_seconds(check["timeout"]), compose_seconds(image_timeout)):
+        assert timeout >= health.DEADLINE_S + 1.5, (health.DEADLINE_S, timeout)
+    # The request timeout is cut to what is left of the deadline, never past it.
+    assert health.REQUEST_TIMEOUT_S < health.DEADLINE_S
+
+
 # --- the gateway -------------------------------------------------------------------------------
 
 
-def haproxy_check(env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`haproxy -c` (Debian's 2.6, the native runtime) on the one config, with `env` only."""
-    binary = require_tool("haproxy")
-    base = {"PATH": os.environ.get("PATH", "")}
-    command = [binary, "-c", "-f", str(ROOT / "gateway" / "haproxy.cfg")]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**base, **env})
+def haproxy_check(env: dict[str, str | None]) -> tuple[bool, str]:
+    """`haproxy -c -dW` (Debian's 2.6, the native runtime) on the one config: the native
+    gateway's environment with `env` over it."""
+    try:
+        return True, check_config(**env)
+    except UserError as exc:
+        return False, str(exc)
 
 
 @pytest.fixture(scope="module")
@@ -121,23 +175,24 @@ def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) 
     assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
     assert compose_seconds(gateway["stop_grace_period"]) > SOFT_STOP_SECONDS  # hard-stop-after
     assert gateway["command"][:2] == ["haproxy", *HAPROXY_FLAGS]
-    # HAProxy 2.6 parses the config with exactly the environment compose gives the container.
-    checked = haproxy_check({k: str(v) for k, v in env.items()})
-    assert checked.returncode == 0, checked.stderr
+    # HAProxy 2.6 parses the config with the environment compose gives the container (its
+    # models map: the generated one beside haproxy.cfg, compose's mount).
+    ok, output = haproxy_check({k: str(v) for k, v in env.items()} | {"GATEWAY_MODELS_MAP": None})
+    assert ok, output
 
 
 def test_gateway_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
     env = {"GATEWAY_PUBLISH_ADDRESS": "0.0.0.0"}
-    refused = haproxy_check(env)
-    assert refused.returncode != 0
-    assert "refusing to publish the gateway on 0.0.0.0 without API keys" in refused.stderr
+    ok, output = haproxy_check(env)
+    assert not ok
+    assert "refusing to publish the gateway on 0.0.0.0 without API keys" in output
     keys = tmp_path / "api-keys"
     keys.write_text("k" * 32 + " client\n")
-    assert haproxy_check({**env, "GATEWAY_API_KEYS": str(keys)}).returncode == 0
-    assert haproxy_check({"GATEWAY_PUBLISH_ADDRESS": "127.0.0.1"}).returncode == 0
+    assert haproxy_check({**env, "GATEWAY_API_KEYS": str(keys)})[0]
+    assert haproxy_check({"GATEWAY_PUBLISH_ADDRESS": "127.0.0.1"})[0]
     # compose's generated key stands in for a keys file beyond loopback
     generated = {**env, "GATEWAY_GENERATED_API_KEYS": str(keys)}
-    assert haproxy_check(generated).returncode == 0
+    assert haproxy_check(generated)[0]
 
 
 # --- the llm profile ----------------------------------------------------------------------------

@@ -1,5 +1,8 @@
-"""The gateway (real HAProxy, gateway/haproxy.cfg) in front of the real Triton: routes, shape
-checks, gRPC passthrough, API keys and their rotation, TLS, least-connections balancing, metrics.
+"""The gateway (real HAProxy, gateway/haproxy.cfg) in front of the real Triton serving the demo:
+routes, the request checks every public model gets (format, size, the values a shape declares;
+the rest is Triton's to refuse, with a 400 of its own), gRPC passthrough, API keys and their
+rotation, TLS, least-connections balancing, metrics. test_own_models.py does the same for a
+model of the tests' own making.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from tritonclient.utils import InferenceServerException
 from tests.support import ROOT, embeddings, require_tool
 from tritonstack.cli import main as cli_main
 from tritonstack.client import infer
-from tritonstack.contract import MODEL_OUTPUTS
-from tritonstack.gateway import Gateway, limits
+from tritonstack.gateway import Gateway
+from tritonstack.limits import limits
 from tritonstack.metrics import scrape
 from tritonstack.runtime import free_ports
+from tritonstack.settings import load
 
-LIMITS = limits()
+LIMITS = {m.model: m for m in limits().models}
+PUBLIC = load().public_models
 
 
 def call(url: str, method: str, path: str, body: bytes | str = b"", headers=None, context=None):
@@ -59,7 +64,7 @@ PUBLIC_ROUTES = [
     ("GET", "/v2/health/live"),
     ("GET", "/v2/health/ready"),
     ("GET", "/v2"),
-    *[("GET", f"/v2/models/{m}{s}") for m in MODEL_OUTPUTS for s in ("", "/ready", "/config")],
+    *[("GET", f"/v2/models/{m}{s}") for m in PUBLIC for s in ("", "/ready", "/config")],
     ("GET", "/v2/models/classifier/versions/1/ready"),
 ]
 
@@ -111,52 +116,75 @@ def test_wrong_method_is_405_naming_the_allowed_one(gateway):
     assert status == 405 and headers["allow"] == "GET"
 
 
+#: A shape and who refuses it: the gateway (what would hurt Triton: a shape that is not a list of
+#: integers, or declares more values than the model takes, which Triton 2.51 allocates before
+#: comparing it with the data) or Triton (any other mismatch with the model: its own 400).
 SHAPES = [
     # The first aborts Triton 2.51 (bad_alloc).
-    ([100000000, 128], "rows) must be an integer from 1 to 64"),
-    ([65, 128], "rows) must be an integer from 1 to 64"),
-    ([0, 128], "rows) must be an integer from 1 to 64"),
-    ([-1, 128], "rows) must be an integer from 1 to 64"),
-    ([1, 100000000], "must be 128"),
-    ([1, 127], "must be 128"),
-    ([1, -128], "must be 128"),
-    ([1, 128, 100000000], "two dimensions"),
-    ([1], "inputs[0].shape [1 to 64, 128] in integers"),
-    ([], "inputs[0].shape [1 to 64, 128] in integers"),
-    ([1.5, 128], "inputs[0].shape [1 to 64, 128] in integers"),
-    (["1e8", 128], "inputs[0].shape [1 to 64, 128] in integers"),
+    (
+        [100000000, 128],
+        "the inputs' shapes declare 12800000000 values; pipeline takes at most 8192",
+    ),
+    ([65, 128], "declare 8320 values; pipeline takes at most 8192"),
+    ([1, 100000000], "declare 100000000 values"),
+    ([1, 128, 100000000], "declare 12800000000 values"),
+    ([-1, 128], "every shape is a list of at most 8 non-negative integers"),
+    ([1, -128], "every shape is a list of at most 8 non-negative integers"),
+    ([1.5, 128], "every shape is a list of at most 8 non-negative integers"),
+    (["1e8", 128], "every shape is a list of at most 8 non-negative integers"),
+    # Data that disagrees with its shape (Triton 2.51: a 500).
+    ([0, 128], "features: shape [0,128] declares 0 values, data holds 1"),
+    ([1, 127], "features: shape [1,127] declares 127 values, data holds 1"),
+    # Consistent, but not the model's: Triton's own 400.
+    ([1], None),
+    ([], None),
 ]
 
 
 @pytest.mark.parametrize(("shape", "message"), SHAPES, ids=[str(s) for s, _ in SHAPES])
-def test_shape_is_checked_by_the_gateway_and_triton_stays_up(gateway, triton, shape, message):
+def test_a_wrong_shape_is_a_400_and_triton_stays_up(gateway, triton, shape, message):
+    """The gateway's own refusals name what was wrong; the others are Triton's 400s."""
     status, _, text = call(gateway.http_url, "POST", "/v2/models/pipeline/infer",
                            infer_body(shape, data=[0.5]))  # fmt: skip
     assert status == 400, text
-    assert message in json.loads(text)["error"]
+    error = json.loads(text)["error"]
+    if message is not None:
+        assert message in error
+    assert_triton_up(triton)
+
+
+def test_a_shape_the_model_does_not_take_is_triton_s_400(gateway, triton):
+    """Names, shapes and datatypes are the model's: Triton refuses them with a 400 naming the
+    model's own, which the gateway passes on."""
+    status, _, text = call(gateway.http_url, "POST", "/v2/models/pipeline/infer",
+                           infer_body([1, 127], data=[0.5] * 127))  # fmt: skip
+    assert status == 400, text
+    assert "[-1,128]" in json.loads(text)["error"].replace(" ", "")
     assert_triton_up(triton)
 
 
 def test_body_that_is_not_a_request_is_400_not_triton_500(gateway):
-    """Triton 2.51 answers 500 to unparseable JSON (upstream server#8762); the gateway's shape
+    """Triton 2.51 answers 500 to unparseable JSON (upstream server#8762); the gateway's format
     check answers 400 first, naming what it needs."""
     for body in ("features=1,2,3", json.dumps({"inputs": 5}), "{", json.dumps({"inputs": []})):
         status, _, text = call(gateway.http_url, "POST", "/v2/models/pipeline/infer", body)
         assert status == 400, (body, text)
-        assert "inputs[0].shape" in json.loads(text)["error"]
+        assert "not an inference request the gateway accepts" in json.loads(text)["error"]
 
 
-def test_second_input_is_refused(gateway):
+def test_a_second_input_declaring_too_much_is_refused(gateway, triton):
+    """The declared values of every input count: a second tensor cannot hide a huge shape."""
     tensor = {"name": "features", "shape": [1, 128], "datatype": "FP32", "data": [0.5] * 128}
     hidden = dict(tensor, name="extra", shape=[100000000, 128], data=[0.5])
     body = json.dumps({"inputs": [tensor, hidden]})
     status, _, text = call(gateway.http_url, "POST", "/v2/models/pipeline/infer", body)
-    assert status == 400 and "one input only" in text
+    assert status == 400 and "declare 12800000128 values" in text, text
+    assert_triton_up(triton)
 
 
 GOOD_INPUT = '{"name": "features", "shape": [1, 128], "datatype": "FP32", "data": [0.5]}'
 SMUGGLED = [
-    # A second input with escaped keys: json_query does not decode them, Triton does and aborts.
+    # A second input with escaped keys: the checks read keys as written, Triton decodes them.
     '{"n\\u0061me": "x", "\\u0073hape": [100000000, 128], "datatype": "FP32", "data": [1]}',
     '{"\\u0073hape": [100000000, 128], "datatype": "FP32", "data": [1]}',
     # A second input without a name.
@@ -181,15 +209,18 @@ def test_an_escaped_shape_key_in_the_first_input_is_refused(gateway, triton):
 
 
 def test_body_size_is_capped_from_max_batch_size(gateway):
-    assert LIMITS.max_rows == 64 and LIMITS.features == 128
+    pipeline = LIMITS["pipeline"]
+    assert pipeline.max_values == 64 * 128  # max_batch_size rows of its input
     host, port = gateway.http_url.split(":")
     # Refused on the headers alone: the gateway answers before the body is sent or buffered.
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     connection.putrequest("POST", "/v2/models/pipeline/infer")
-    connection.putheader("Content-Length", str(LIMITS.max_body + 1))
+    connection.putheader("Content-Length", str(pipeline.json_body + 1))
     connection.endheaders()
     response = connection.getresponse()
-    assert response.status == 413 and "split the batch" in response.read().decode()
+    text = response.read().decode()
+    assert response.status == 413 and "split the batch" in text
+    assert f"body larger than {pipeline.json_body} bytes, the most pipeline takes as JSON" in text
     connection.close()
     # A chunked body has no length to check before it arrives: refused with 411.
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
@@ -220,7 +251,7 @@ def test_tritonclient_sees_the_gateway_refusal_as_a_clear_error(gateway):
         client.infer("pipeline", [tensor])
     client.close()
     assert caught.value.status() == "400"
-    assert "rows) must be an integer from 1 to 64; split larger batches" in caught.value.message()
+    assert "declare 8320 values; pipeline takes at most 8192" in caught.value.message()
 
 
 def test_grpc_shapes_are_triton_s_to_check_and_it_does_so_before_allocating(gateway, triton):

@@ -136,7 +136,7 @@ def probe(blackbox: str, gateway: Gateway) -> dict[str, float]:
     """One deep probe through the blackbox exporter, as Prometheus's job deep_probe asks."""
     query = urllib.parse.urlencode(
         {
-            "module": "triton_pipeline",
+            "module": "infer_pipeline",
             "target": f"http://{gateway.http_url}/v2/models/pipeline/infer",
         }
     )

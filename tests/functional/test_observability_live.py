@@ -32,12 +32,14 @@ import tritonclient.http as httpclient
 import yaml
 
 from bench.loadgen import Generator, Target
+from bench.runner import model_signatures
 from tests.support import REPOSITORY, embeddings, require_tool
 from tritonstack import dashboards, processes
 from tritonstack.gateway import Gateway
 from tritonstack.metrics import scrape
 from tritonstack.promconfig import PROMETHEUS_DIR, render, render_blackbox
 from tritonstack.runtime import EmbeddedTriton, free_ports
+from tritonstack.settings import load
 
 LOAD_SECONDS = 30  # Locust's run; Prometheus is polled while it runs
 DEADLINE_SECONDS = 40  # from the start of the load until every query must have answered
@@ -221,6 +223,7 @@ def prometheus(
         blackbox=blackbox,
         triton_http=client_http,
         gateway_metrics=gateway_metrics,
+        probed_models=load().public_models,
     )
     with running_prometheus(tmp, config) as base:
         yield base
@@ -294,7 +297,7 @@ def spike(infer_url: str, gateway_metrics: str, workdir: Path) -> dict:
 
     before = counts()
     target = Target("http-json", infer_url, "classifier")
-    result = Generator(workdir).run(target, SPIKE_CONNECTIONS, SPIKE_SECONDS)
+    result = Generator(workdir, model_signatures()).run(target, SPIKE_CONNECTIONS, SPIKE_SECONDS)
     time.sleep(0.5)  # requests still queued when wrk closed are answered or dropped by now
     after = counts()
     return {
@@ -479,9 +482,9 @@ def test_prometheus_evaluates_every_rule_and_the_watchdog_fires(stack):
 
 
 def test_deep_probe_passes_on_a_healthy_server_and_fails_on_a_broken_target(stack):
-    """blackbox_exporter with prometheus/blackbox.yml: a real inference through pipeline is
-    probe_success 1 (and Prometheus scrapes it as job deep_probe); a model that does not answer
-    with a label is 0."""
+    """blackbox_exporter with prometheus/blackbox.yml: a real inference of each public model is
+    probe_success 1 (Prometheus scrapes one series per model as job deep_probe); a model that
+    does not answer, or answers without every output, is 0."""
     base = stack["base"]
     deadline = stack["started"] + DEADLINE_SECONDS
 
@@ -489,16 +492,20 @@ def test_deep_probe_passes_on_a_healthy_server_and_fails_on_a_broken_target(stac
         return None if series and all(v == 1 for v in series.values()) else f"got {series}"
 
     assert not poll_until_plausible(base, {'probe_success{job="deep_probe"}': all_one}, deadline)
+    series = api(base, "/api/v1/query?query=probe_success%7Bjob%3D%22deep_probe%22%7D")["result"]
+    probed = {found["metric"]["model"] for found in series}
+    assert probed == set(load().public_models)
 
-    def probe(model: str) -> str:
+    def probe(model: str, module: str) -> str:
         target = f"http://{stack['client_http']}/v2/models/{model}/infer"
-        url = f"http://{stack['blackbox']}/probe?module=triton_pipeline&target={target}"
+        url = f"http://{stack['blackbox']}/probe?module={module}&target={target}"
         with urllib.request.urlopen(url, timeout=10) as response:
             return response.read().decode()
 
-    assert "\nprobe_success 1\n" in probe("pipeline")
-    assert "\nprobe_success 0\n" in probe("nope")  # 404 from the gateway
-    assert "\nprobe_success 0\n" in probe("classifier")  # 200, but no label in the answer
+    assert "\nprobe_success 1\n" in probe("pipeline", "infer_pipeline")
+    assert "\nprobe_success 0\n" in probe("nope", "infer_pipeline")  # 404 from the gateway
+    # 200, but not every output pipeline's module asks for (classifier has no label)
+    assert "\nprobe_success 0\n" in probe("classifier", "infer_pipeline")
 
 
 def test_the_gateway_counts_every_refusal_triton_never_saw(stack):

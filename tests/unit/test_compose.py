@@ -22,14 +22,15 @@ import yaml
 
 from tests.support import IN_CI, LLM_REPOSITORY, REPOSITORY, ROOT, compose_seconds, require_tool
 from tritonstack import contract
+from tritonstack.limits import limits
 from tritonstack.repository import iter_models
+from tritonstack.settings import load
 
 COMPOSE = ROOT / "docker-compose.yml"
 CPU = ROOT / "compose.cpu.yml"
 #: Where triton-llm finds the LLM's repository and the shared flags.
 LLM_TARGET = "/opt/tritonstack/llm_repository"
 FLAGS = ROOT / "scripts" / "tritonserver.flags"
-HEALTHCHECK = ROOT / "scripts" / "healthcheck.py"
 SKIP_DIRS = {".git", ".venv", "venv", ".pytest_cache", ".ruff_cache", "__pycache__", "build"}
 
 
@@ -214,7 +215,8 @@ def test_cpu_variant_drops_the_gpu_and_nothing_else(gpu: dict, cpu: dict) -> Non
 def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict) -> None:
     """A fresh clone: `docker-compose config` succeeds with no .env in a copy of the project,
     and no password or key has a default anywhere in the compose model."""
-    for name in ("docker-compose.yml", "compose.cpu.yml"):
+    for name in ("docker-compose.yml", "compose.cpu.yml", "stack.env", "gateway/limits.env"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text((ROOT / name).read_text())
     assert not (tmp_path / ".env").exists()
     plain = run(tool("docker-compose"), "--project-directory", str(tmp_path), "config", "-q")
@@ -232,9 +234,8 @@ def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict
     key_map = gpu["services"]["gateway"]["environment"]["GATEWAY_GENERATED_API_KEYS"]
     assert secrets["environment"]["TRITONSTACK_KEY_MAP"].split(":")[0] == key_map
     # Each caller of a gateway published beyond loopback reads its own generated key.
-    probe_key = yaml.safe_load((ROOT / "prometheus" / "blackbox.yml").read_text())["modules"][
-        "triton_pipeline"
-    ]["http"]["authorization"]["credentials_file"]
+    modules = yaml.safe_load((ROOT / "prometheus" / "blackbox.yml").read_text())["modules"]
+    (probe_key,) = {m["http"]["authorization"]["credentials_file"] for m in modules.values()}
     locust_key = gpu["services"]["locust-master"]["environment"]["LOCUST_API_KEY_FILE"]
     assert gpu["services"]["locust-worker"]["environment"]["LOCUST_API_KEY_FILE"] == locust_key
     client_key = "/run/secrets/tritonstack/client-api-key"  # yours: `secrets show` prints it
@@ -414,13 +415,16 @@ def assert_listens(gpu: dict, host: str, port: int, where: str) -> None:
 def test_prometheus_targets_are_compose_services(gpu: dict) -> None:
     config = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
     targets = []
+    mounts = dict(v.split(":")[:2][::-1] for v in gpu["services"]["prometheus"]["volumes"])
     for job in config["scrape_configs"]:
+        if job["job_name"] == "deep_probe":  # probed through the blackbox exporter
+            (files,) = job["file_sd_configs"]
+            (mounted,) = files["files"]
+            groups = yaml.safe_load(Path(mounts[mounted]).read_text())
+            probed = {urlsplit(t).netloc for group in groups for t in group["targets"]}
+            assert probed == {"gateway:8000"}
+            targets.extend(["gateway:8000", job["relabel_configs"][-1]["replacement"]])
         for static in job.get("static_configs", []):
-            if job["job_name"] == "deep_probe":  # probed through the blackbox exporter
-                url = static["targets"][0]
-                assert url == "http://gateway:8000/v2/models/pipeline/infer"
-                targets.extend(["gateway:8000", job["relabel_configs"][-1]["replacement"]])
-                continue
             targets.extend(static["targets"])
         for dns in job.get("dns_sd_configs", []):
             targets.extend(f"{name}:{dns['port']}" for name in dns["names"])
@@ -436,7 +440,6 @@ def test_prometheus_targets_are_compose_services(gpu: dict) -> None:
     for name in ("locust-master", "locust-worker"):
         assert gpu["services"][name]["environment"]["LOCUST_METRICS_PORT"] == "9646"
     # Rules are read from where compose mounts them.
-    mounts = dict(v.split(":")[:2][::-1] for v in gpu["services"]["prometheus"]["volumes"])
     assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
     assert Path(mounts["/etc/prometheus/rules"]) == ROOT / "prometheus" / "rules"
     command = gpu["services"]["prometheus"]["command"]
@@ -481,19 +484,22 @@ def test_locust_talks_to_the_gateway_and_its_master(gpu: dict) -> None:
     assert (ROOT / "loadtest" / "requirements.txt").is_file()  # Dockerfile.locust installs it
 
 
-def test_every_locust_service_reads_the_repositorys_labels(gpu: dict) -> None:
-    """A Locust container sees only its mounts: LOCUST_LABELS_FILE must be where the model
-    repository's labels file is mounted, or every answer fails validation."""
-    image = gpu["services"]["locust-master"]["image"]
-    assert gpu["services"]["locust-master"]["build"]["dockerfile"] == "Dockerfile.locust"
-    locusts = {name: s for name, s in gpu["services"].items() if s["image"] == image}
-    assert set(locusts) == {"locust-master", "locust-worker"}
-    for name, service in locusts.items():
-        target = service["environment"]["LOCUST_LABELS_FILE"]
-        mounts = [str(v).split(":") for v in service["volumes"]]
-        assert [source for source, path, *_ in mounts if path == target] == [
-            str(REPOSITORY / contract.LABELS_FILE)
-        ], name
+def test_the_services_that_name_models_read_stack_env(gpu: dict) -> None:
+    """The public models come from stack.env into every service that names them (the
+    healthcheck's models, Locust's default) and the gateway reads the derived limits beside it;
+    nothing mounts a model's files into Locust (its users ask the server)."""
+    raw = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name in ("triton", "locust-master", "locust-worker"):
+        assert raw[name]["env_file"] == ["stack.env"], name
+    assert raw["gateway"]["env_file"] == ["stack.env", "gateway/limits.env"]
+    public = " ".join(load().public_models)
+    for name in ("triton", "locust-master", "locust-worker", "gateway"):  # as compose merges it
+        assert gpu["services"][name]["environment"]["PUBLIC_MODELS"] == public, name
+    derived = limits().environment()
+    assert {k: gpu["services"]["gateway"]["environment"][k] for k in derived} == derived
+    for name in ("locust-master", "locust-worker"):
+        mounts = [str(v).split(":")[0] for v in gpu["services"][name]["volumes"]]
+        assert not [m for m in mounts if "model_repository" in m], name
 
 
 def test_every_mount_source_exists(gpu: dict) -> None:
@@ -509,15 +515,15 @@ def test_every_mount_source_exists(gpu: dict) -> None:
 
 
 def test_healthcheck_exercises_every_model(gpu: dict) -> None:
-    """pipeline covers its steps, classify the models it routes to: all models are checked."""
+    """The healthcheck calls the public models (stack.env), and through them every model of the
+    repository is reached: ensemble steps and the models a BLS model names."""
     command = gpu["services"]["triton"]["healthcheck"]["test"]
+    assert command == ["CMD", "python3", "/opt/tritonstack/healthcheck.py"]
     dockerfile = (ROOT / "Dockerfile.triton").read_text()
-    checked = [command[i + 1] for i, arg in enumerate(command) if arg == "--model"]
-    assert checked == ["pipeline", "classify"]
     assert ", ".join(f'"{a}"' for a in command[1:]) in dockerfile  # same in the image
     models = {m.name: m for m in iter_models(REPOSITORY)}
-    reached = set(checked)
-    for name in checked:
+    reached = set(load().public_models)
+    for name in list(reached):
         config = models[name].config
         reached |= {step.model_name for step in config.ensemble_scheduling.step}
         reached |= {models[name].parameter(k) for k in ("preferred_model", "fallback_model")}
@@ -817,88 +823,6 @@ def test_yamllint_every_yaml_file() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# --- the healthcheck, against the real Triton ---------------------------------------------------
-
-
-def healthcheck(*args: str) -> subprocess.CompletedProcess:
-    return run(sys.executable, str(HEALTHCHECK), *args)
-
-
-class FakeBusyTriton:
-    """A stand-in for a Triton under load, which this machine cannot hold steadily enough to
-    test against: after `good` healthy answers (a label), it answers every request with `status`
-    and `body`, after `delay` seconds."""
-
-    def __init__(self, status: int, body: str, delay: float = 0.0, good: int = 0) -> None:
-        import http.server
-        import threading
-
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                outer.requests += 1
-                if outer.requests <= good:
-                    answer, code = {"outputs": [{"name": "label", "data": ["relevant"]}]}, 200
-                else:
-                    threading.Event().wait(delay)
-                    answer, code = {"error": body}, status
-                payload = json.dumps(answer).encode()
-                try:
-                    self.send_response(code)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client timed out first: what the slow case is about
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.requests = 0
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def __enter__(self) -> FakeBusyTriton:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def test_healthcheck_passes_a_busy_server() -> None:
-    """Load shedding is not death: a 503 (here a queue policy's full queue), or no answer within
-    the timeout under load, passes (with a `busy:` line), so neither Docker's healthcheck nor the
-    watchdog restarts a server for being loaded."""
-    full = "Exceeds maximum queue size"
-    with FakeBusyTriton(503, full) as server:
-        result = healthcheck("--url", server.url, "--model", "pipeline", "--model", "classify")
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.splitlines() == [
-            f"busy: pipeline: HTTP 503: {json.dumps({'error': full})}",
-            f"busy: classify: HTTP 503: {json.dumps({'error': full})}",
-        ]
-        assert server.requests == 2  # one busy answer is enough to know; no hammering
-    with FakeBusyTriton(200, "", delay=2.0) as server:
-        slow = healthcheck("--url", server.url, "--timeout", "0.3")
-        assert slow.returncode == 0, slow.stderr
-        assert slow.stdout.startswith("busy: pipeline: no answer within 0.3 s")
-
-
-def test_healthcheck_fails_a_dead_stub_even_behind_a_503() -> None:
-    """UNAVAILABLE that names a dead stub is death, whatever the status code."""
-    dead = "Stub process 'postprocess_0_0' is not healthy."
-    with FakeBusyTriton(503, dead) as server:
-        result = healthcheck("--url", server.url)
-    assert result.returncode == 1
-    assert f"unhealthy: pipeline: HTTP 503: {json.dumps({'error': dead})}" in result.stderr
-
-
 def test_model_repository_is_read_only_for_the_server(gpu: dict) -> None:
     """docs/security.md: the server user cannot change what it serves. The repository is copied
     as root before `USER triton-server` (no --chown), and the development mount is :ro."""
@@ -934,8 +858,9 @@ def test_ci_installs_haproxy_and_lint_checks_the_config() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "need_apt+=(haproxy)" in ci
     makefile = (ROOT / "Makefile").read_text()
-    assert "haproxy -c -f gateway/haproxy.cfg" in makefile
+    assert "python -m tritonstack.gateway --check" in makefile
     lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
     for tool in ("ruff check", "hadolint", "shellcheck", "yamllint", "promtool check rules",
-                 "haproxy -c", "docker-compose -f docker-compose.yml config"):  # fmt: skip
+                 "tritonstack.gateway --check",
+                 "docker-compose -f docker-compose.yml config"):  # fmt: skip
         assert tool in lint, f"`make lint` does not run {tool}"

@@ -1,8 +1,8 @@
 """gateway/haproxy.cfg against the values the code and the deployments hold for it.
 
-The config is one file for every runtime; its defaults (written `${VAR-default}`), the native
-gateway's environment (tritonstack/gateway.py), compose and Kubernetes must agree, and the stop
-bounds must nest: idle connections close before the soft stop's bound, which ends before the
+The config is one file for every runtime: the values stack.env and tritonstack.limits give it
+have no second copy in it, the native gateway's environment parses with it, and the stop bounds
+must nest: idle connections close before the soft stop's bound, which ends before the
 orchestrator's SIGKILL.
 """
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.support import ROOT
-from tritonstack import gateway
+from tritonstack import gateway, limits, settings
 
 CONFIG = (ROOT / "gateway" / "haproxy.cfg").read_text()
 
@@ -28,18 +28,19 @@ def setting(name: str) -> str:
     return re.search(rf"^\s+{re.escape(name)}\s+(\S+)\s*$", CONFIG, re.MULTILINE).group(1)
 
 
-def test_the_configs_defaults_are_the_repositorys_limits() -> None:
-    for variable, value in gateway.limits().environment().items():
-        if variable == "GATEWAY_MODELS":
-            continue  # the default lists them in the regex's own order
-        default = re.search(rf'\$\{{{variable}-([^}}"]+)\}}', CONFIG)
-        assert default is not None, f"{variable} has no default in haproxy.cfg"
-        assert default.group(1) == value, variable
+def test_what_stack_env_and_the_limits_say_has_no_default_in_the_config() -> None:
+    """One source per fact: a default here would be a second copy of stack.env or limits.env."""
+    derived = limits.limits().environment()
+    for variable in [*settings.load().environment(), *derived]:
+        assert not re.search(rf"\$\{{{variable}-", CONFIG), f"{variable} has a default"
+    used = set(re.findall(r"\$\{(GATEWAY_\w+)\}", CONFIG))
+    assert set(derived) <= used  # every derived value is read
+    assert "GATEWAY_MAXCONN" in used and "GATEWAY_LLM_STREAMS" in used
 
 
 @pytest.mark.parametrize("highest", [1, 7, 9, 10, 64, 99, 100, 128, 1000, 4096])
-def test_rows_pattern_matches_exactly_1_to_max_rows(highest: int) -> None:
-    pattern = re.compile(f"(?:{gateway.number_range_pattern(highest)})")
+def test_number_range_pattern_matches_exactly_1_to_highest(highest: int) -> None:
+    pattern = re.compile(f"(?:{limits.number_range_pattern(highest)})")
     matched = [n for n in range(highest + 300) if pattern.fullmatch(str(n))]
     assert matched == list(range(1, highest + 1))
     assert not pattern.fullmatch("01") and not pattern.fullmatch("-1")
@@ -64,15 +65,10 @@ def test_stop_bounds_nest_natively_in_compose_and_in_kubernetes() -> None:
     assert container["args"][3:4] == list(gateway.HAPROXY_FLAGS)
 
 
-def test_llm_admission_defaults_are_the_native_gateways() -> None:
-    def default(variable: str) -> str:
-        return re.search(rf'\$\{{{variable}-([^}}"]+)\}}', CONFIG).group(1)
-
-    assert int(default("GATEWAY_LLM_QUEUE_PER_REPLICA")) == gateway.LLM_QUEUE_PER_REPLICA
-    assert seconds(default("GATEWAY_LLM_QUEUE_TIMEOUT")) == gateway.LLM_QUEUE_TIMEOUT_MS / 1000
-    lim = gateway.limits()
-    assert lim.llm_max_body == lim.llm_max_prompt + gateway.LLM_PARAMETER_BYTES
-    assert lim.bufsize > lim.llm_max_body  # a whole generate body fits the buffer it is read in
+def test_an_llm_body_fits_the_buffer_it_is_read_in() -> None:
+    lim = limits.limits()
+    assert lim.llm_max_body == lim.settings.GATEWAY_LLM_MAX_PROMPT + limits.LLM_PARAMETER_BYTES
+    assert lim.bufsize > max(lim.llm_max_body, lim.max_body, lim.max_binary_body)
 
 
 def test_grpc_name_prefix_is_protobuf_field_one() -> None:
@@ -80,9 +76,9 @@ def test_grpc_name_prefix_is_protobuf_field_one() -> None:
 
     for name in ("llm", "a" * 127):
         message = service_pb2.ModelReadyRequest(name=name, version="1").SerializeToString()
-        assert message.hex().upper().startswith(gateway.grpc_name_prefix(name))
-    assert not bytes.fromhex(gateway.grpc_name_prefix("llm2")).startswith(
-        bytes.fromhex(gateway.grpc_name_prefix("llm"))
+        assert message.hex().upper().startswith(limits.grpc_name_prefix(name))
+    assert not bytes.fromhex(limits.grpc_name_prefix("llm2")).startswith(
+        bytes.fromhex(limits.grpc_name_prefix("llm"))
     )
 
 

@@ -15,17 +15,19 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support import REPOSITORY, ROOT, require_tool
+from tests.support import ROOT, require_tool
 from tests.unit.test_autoscaling_query import adapter_query, same_query
 from tritonstack import contract, k8s
 from tritonstack import gateway as gateway_module
+from tritonstack.limits import limits
+from tritonstack.settings import load
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 #: The oldest and newest Kubernetes whose schemas the manifests are checked against
@@ -421,16 +423,24 @@ def test_gateway_gets_the_native_gateways_settings(rendered) -> None:
     variables = gateway_environment(rendered[("cpu", ())])
     assert variables.items() >= k8s.gateway_env().items()
     assert int(variables["GATEWAY_HTTP_PORT"]) == gateway_module.HTTP_PORT
-    assert int(variables["GATEWAY_MAXCONN"]) == gateway_module.MAXCONN
-    assert int(variables["GATEWAY_MAX_ROWS"]) == gateway_module.limits().max_rows
+    assert variables.items() >= load().environment().items()  # stack.env as it is
+    assert variables.items() >= limits().environment().items()  # and what follows from it
+    # HAProxy's neighbours in its ConfigMap: the Lua check and the public models' map.
+    objects = rendered[("cpu", ())]
+    pod = find(objects, "Deployment", "gateway")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    data = find(objects, "ConfigMap", volume["configMap"]["name"])["data"]
+    assert data["models.map"].endswith(limits().models_map())
+    assert data["check_tensors.lua"].endswith((ROOT / "gateway/check_tensors.lua").read_text())
 
 
 def test_gateway_discovers_triton_pods_through_the_headless_service(rendered) -> None:
     objects = rendered[("cpu", ())]
     gateway = container(objects, "gateway")
     variables = gateway_environment(objects)
-    # Every variable set here is one haproxy.cfg reads (a typo would silently use a default).
-    assert set(variables) - {"POD_NAMESPACE"} <= haproxy_variables()
+    # Every variable set here is one haproxy.cfg reads (a typo would silently use a default),
+    # but the public models' list, which Locust reads from the same ConfigMap.
+    assert set(variables) - {"POD_NAMESPACE", "PUBLIC_MODELS"} <= haproxy_variables()
     assert variables["TRITON_DNS_NAME"] == "triton.$(POD_NAMESPACE).svc.cluster.local"
     assert find(objects, "Service", "triton")["spec"]["clusterIP"] == "None"
     ports = {p["name"]: p["containerPort"] for p in container(objects, "triton")["ports"]}
@@ -625,23 +635,20 @@ def test_locust_runs_the_compose_image(rendered) -> None:
         assert container(objects, deployment)["image"] == services[service]["image"]
 
 
-def test_locust_checks_answers_against_the_repositorys_labels(rendered) -> None:
-    """A Locust pod sees only its ConfigMap: LOCUST_LABELS_FILE names a file of a mounted
-    ConfigMap, and that file is model_repository's labels file byte for byte."""
+def test_locust_offers_the_public_models_and_mounts_no_model_file(rendered) -> None:
+    """Locust's users ask the server for a model's metadata: the pods read stack.env's public
+    models (the gateway's ConfigMap) and carry no file of the model repository."""
     objects = rendered[("cpu", COMPONENTS)]
     for deployment in ("locust-master", "locust-worker"):
         pod = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
-        path = PurePosixPath(env(pod["containers"][0])["LOCUST_LABELS_FILE"])
-        [mount] = [
-            m
-            for m in pod["containers"][0]["volumeMounts"]
-            if PurePosixPath(m["mountPath"]) == path.parent
-        ]
-        [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-        assert "items" not in volume["configMap"], "every key is mounted as a file of its name"
-        data = find(objects, "ConfigMap", volume["configMap"]["name"])["data"]
-        labels = (REPOSITORY / contract.LABELS_FILE).read_bytes()
-        assert data[path.name].encode() == labels, deployment
+        sources = [s["configMapRef"]["name"] for s in pod["containers"][0].get("envFrom", [])]
+        data = {}
+        for name in sources:
+            data |= find(objects, "ConfigMap", name)["data"]
+        assert data["PUBLIC_MODELS"] == " ".join(load().public_models), deployment
+        assert "LOCUST_LABELS_FILE" not in env(pod["containers"][0]), deployment
+    loadtest = find(objects, "ConfigMap", "locust-loadtest")["data"]
+    assert "labels.txt" not in loadtest
 
 
 # --- the LLM component ----------------------------------------------------------------------
@@ -775,6 +782,6 @@ def test_gateway_finds_the_llm_through_its_headless_service(rendered, overlay, c
     assert ports["metrics"] == contract.METRICS_PORT
     assert {p["port"] for p in service["spec"]["ports"]} == set(ports.values())
     # Every variable set is one haproxy.cfg reads (a typo would silently use a default).
-    assert set(variables) - {"POD_NAMESPACE"} <= haproxy_variables()
+    assert set(variables) - {"POD_NAMESPACE", "PUBLIC_MODELS"} <= haproxy_variables()
     # Without the component the gateway has no LLM to look up (its llm routes answer 503).
     assert "LLM_DNS_NAME" not in gateway_environment(rendered[(overlay, ())])

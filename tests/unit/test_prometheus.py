@@ -79,11 +79,21 @@ def test_promtool_check_config_of_the_loopback_rendering(tmp_path):
 def test_rendering_points_the_deep_probe_at_local_ports_or_leaves_it_out():
     jobs = yaml.safe_load(render("127.0.0.1:8002"))["scrape_configs"]
     assert [job["job_name"] for job in jobs] == ["triton", "locust"]  # no gateway, no probe
-    rendered = render("127.0.0.1:8002", blackbox="127.0.0.1:9115", triton_http="127.0.0.1:8000")
+    rendered = render(
+        "127.0.0.1:8002",
+        blackbox="127.0.0.1:9115",
+        triton_http="127.0.0.1:8000",
+        probed_models=("pipeline", "ranker"),
+    )
     probe = {job["job_name"]: job for job in yaml.safe_load(rendered)["scrape_configs"]}
     probe = probe["deep_probe"]
+    assert "file_sd_configs" not in probe
     assert probe["static_configs"] == [
-        {"targets": ["http://127.0.0.1:8000/v2/models/pipeline/infer"]}
+        {
+            "targets": [f"http://127.0.0.1:8000/v2/models/{model}/infer"],
+            "labels": {"__param_module": f"infer_{model}", "model": model},
+        }
+        for model in ("pipeline", "ranker")
     ]
     assert probe["relabel_configs"][-1] == {
         "target_label": "__address__",
@@ -159,18 +169,32 @@ def test_average_batch_size_is_inferences_per_execution():
     assert "nv_inference_request_success" not in expr
 
 
-def test_blackbox_config_is_valid_and_probes_pipeline_for_a_label():
+def test_blackbox_config_is_valid_and_probes_each_public_model_for_every_output():
+    """One module per public model: a row of zeros shaped as its config says, through the
+    gateway, and an answer that names every output (generated from the repository)."""
+    from tritonstack.repository import iter_models
+    from tritonstack.settings import load
+
     binary = require_tool("prometheus-blackbox-exporter")
     config = ROOT / "prometheus" / "blackbox.yml"
     check = subprocess.run(
         [binary, "--config.check", f"--config.file={config}"], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    http = yaml.safe_load(config.read_text())["modules"]["triton_pipeline"]["http"]
-    body = json.loads(http["body"])
-    assert body["inputs"][0]["shape"] == [1, 128] and len(body["inputs"][0]["data"]) == 128
-    assert body["outputs"] == [{"name": "label"}]
-    assert http["fail_if_body_not_matches_regexp"] == ['"name":"label"']
+    modules = yaml.safe_load(config.read_text())["modules"]
+    public = load().public_models
+    assert set(modules) == {f"infer_{model}" for model in public}
+    models = {m.name: m.config for m in iter_models(ROOT / "model_repository")}
+    for model in public:
+        http = modules[f"infer_{model}"]["http"]
+        body = json.loads(http["body"])
+        declared = models[model]
+        assert [i["name"] for i in body["inputs"]] == [i.name for i in declared.input]
+        for sent, wanted in zip(body["inputs"], declared.input, strict=True):
+            assert sent["shape"] == [1, *wanted.dims]
+            assert sent["data"] == [0.0] * len(sent["data"]) and len(sent["data"]) == wanted.dims[0]
+        outputs = [o.name for o in declared.output]
+        assert http["fail_if_body_not_matches_regexp"] == [f'"name":"{o}"' for o in outputs]
 
 
 def test_compose_scrapes_every_triton_replica_and_the_gateway_and_probes_through_it():
@@ -189,9 +213,18 @@ def test_compose_scrapes_every_triton_replica_and_the_gateway_and_probes_through
         ],
     }
     assert jobs["gateway"]["static_configs"] == [{"targets": ["gateway:8404"]}]
-    # The deep probe goes where a client's request goes: through the gateway.
-    assert jobs["deep_probe"]["static_configs"][0]["targets"] == [
-        "http://gateway:8000/v2/models/pipeline/infer"
+    # The deep probe goes where a client's request goes: through the gateway, one target per
+    # public model (generated), each naming its model's module.
+    assert jobs["deep_probe"]["file_sd_configs"] == [{"files": ["/etc/prometheus/deep-probe.yml"]}]
+    groups = yaml.safe_load((PROMETHEUS / "deep-probe.yml").read_text())
+    from tritonstack.settings import load
+
+    assert groups == [
+        {
+            "targets": [f"http://gateway:8000/v2/models/{model}/infer"],
+            "labels": {"__param_module": f"infer_{model}", "model": model},
+        }
+        for model in load().public_models
     ]
 
 
