@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tritonstack.streaming import AnswerError, event_object
+
 TRITON_API = "triton"
 OPENAI_API = "openai"
 PROMPT = (
@@ -36,10 +38,6 @@ PROMPT = (
 )
 #: Longest wait for the next piece of an answer.
 READ_TIMEOUT_S = 60.0
-
-
-class AnswerError(Exception):
-    """An answer that is not a complete, valid stream."""
 
 
 @dataclass(frozen=True)
@@ -85,14 +83,7 @@ def parse_event(api: str, payload: bytes) -> tuple[int, str | None] | None:
     """(tokens, finish_reason) of one `data:` payload; None for the end marker `[DONE]`."""
     if payload.strip() == b"[DONE]":
         return None
-    try:
-        event = json.loads(payload)
-    except json.JSONDecodeError:
-        raise AnswerError(f"an event is not JSON: {payload[:120]!r}") from None
-    if not isinstance(event, dict):
-        raise AnswerError(f"an event is not a JSON object: {payload[:120]!r}")
-    if "error" in event:
-        raise AnswerError(f"the server stopped the stream: {str(event['error'])[:200]}")
+    event = event_object(payload)
     if api == TRITON_API:
         tokens, reason = event.get("num_output_tokens"), event.get("finish_reason")
         if not isinstance(tokens, int) or not isinstance(event.get("text_output"), str):

@@ -1,8 +1,10 @@
 """Load generators: wrk (C, HTTP) and a multi-process gRPC client, both closed-loop.
 
-Every server gets the same request: one row of 128 FP32 features (a fixed seeded vector), as KServe
-v2 JSON, as JSON header + binary tensor (Triton's binary-data extension), or as a gRPC
-ModelInferRequest serialised once. The generators replay those bytes without parsing the answers
+Every server gets the same request for a model: one row of seeded random values, shaped and typed
+as the model's config declares (tritonstack.signature; the baselines reproduce `classifier` and
+take its request), as KServe v2 JSON, as JSON header + binary tensors (Triton's binary-data
+extension), or as a gRPC ModelInferRequest serialised once. The generators replay those bytes
+without parsing the answers
 (one answer per point is checked beforehand), so their own cost stays small and is measured:
 wrk's CPU comes from the kernel's accounting of the reaped child (getrusage), the gRPC workers
 report their process CPU time over the measured window.
@@ -23,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.stats import correct_coordinated_omission
-from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME
 from tritonstack.errors import UserError
+from tritonstack.signature import Signature
 
 #: http-classification: KServe JSON asking Triton's classification extension for the top class
-#: of `class` ("score:index:label" strings, labels from the model's label_filename).
+#: of each output ("score:index:label" strings, labels from the model's label_filename).
 PROTOCOLS = ("http-json", "http-binary", "grpc", "http-classification")
 ROWS = 1
 
@@ -58,49 +60,57 @@ end
 """
 
 
-def features(seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((ROWS, FEATURES)).astype(np.float32)
+def inputs(signature: Signature, seed: int = 0) -> dict[str, np.ndarray]:
+    """ROWS rows of seeded random values for each of the model's inputs."""
+    return signature.random_inputs(ROWS, np.random.default_rng(seed))
 
 
-def json_body(data: np.ndarray, classification: bool = False) -> bytes:
-    tensor = {
-        "name": INPUT_NAME,
-        "shape": list(data.shape),
-        "datatype": INPUT_DATATYPE,
-        "data": [round(float(x), 6) for x in data.ravel()],
-    }
-    body: dict = {"inputs": [tensor]}
+def json_body(signature: Signature, data: dict[str, np.ndarray], classification=False) -> bytes:
+    tensors = [
+        {
+            "name": t.name,
+            "shape": list(data[t.name].shape),
+            "datatype": t.datatype,
+            "data": [round(float(x), 6) for x in data[t.name].ravel()],
+        }
+        for t in signature.inputs
+    ]
+    body: dict = {"inputs": tensors}
     if classification:
-        body["outputs"] = [{"name": "class", "parameters": {"classification": 1}}]
+        body["outputs"] = [
+            {"name": t.name, "parameters": {"classification": 1}} for t in signature.outputs
+        ]
     return json.dumps(body).encode()
 
 
-def binary_body(data: np.ndarray) -> tuple[bytes, int]:
+def binary_body(signature: Signature, data: dict[str, np.ndarray]) -> tuple[bytes, int]:
     """(body, length of its JSON header) for Triton's binary tensor extension."""
-    raw = np.ascontiguousarray(data, dtype=np.float32).tobytes()
+    raws = [np.ascontiguousarray(data[t.name]).tobytes() for t in signature.inputs]
     header = {
         "inputs": [
             {
-                "name": INPUT_NAME,
-                "shape": list(data.shape),
-                "datatype": INPUT_DATATYPE,
+                "name": t.name,
+                "shape": list(data[t.name].shape),
+                "datatype": t.datatype,
                 "parameters": {"binary_data_size": len(raw)},
             }
+            for t, raw in zip(signature.inputs, raws, strict=True)
         ],
         "parameters": {"binary_data_output": True},
     }
     head = json.dumps(header).encode()
-    return head + raw, len(head)
+    return head + b"".join(raws), len(head)
 
 
-def grpc_body(model: str, data: np.ndarray) -> bytes:
+def grpc_body(signature: Signature, data: dict[str, np.ndarray]) -> bytes:
     from tritonclient.grpc import service_pb2
 
-    request = service_pb2.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = INPUT_NAME, INPUT_DATATYPE
-    tensor.shape.extend(data.shape)
-    request.raw_input_contents.append(np.ascontiguousarray(data, dtype=np.float32).tobytes())
+    request = service_pb2.ModelInferRequest(model_name=signature.model)
+    for t in signature.inputs:
+        tensor = request.inputs.add()
+        tensor.name, tensor.datatype = t.name, t.datatype
+        tensor.shape.extend(data[t.name].shape)
+        request.raw_input_contents.append(np.ascontiguousarray(data[t.name]).tobytes())
     return request.SerializeToString()
 
 
@@ -141,30 +151,38 @@ def children_cpu() -> float:
 
 
 class Generator:
-    """Writes the request bodies once and runs timed closed-loop load against a target."""
+    """Writes each model's request bodies once and runs timed closed-loop load against a target.
 
-    def __init__(self, workdir: Path, grpc_processes: int = 2):
+    `signatures`: the models load is sent to, by name (the bench reads them from the model
+    repository); a baseline's point names the model it reproduces."""
+
+    def __init__(self, workdir: Path, signatures: dict[str, Signature], grpc_processes: int = 2):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.grpc_processes = grpc_processes
-        data = features()
-        (self.workdir / "body.json").write_bytes(json_body(data))
-        (self.workdir / "body.classification.json").write_bytes(json_body(data, True))
-        body, header_length = binary_body(data)
-        (self.workdir / "body.bin").write_bytes(body)
-        self.scripts = {
-            "http-json": self._script("body.json", {"Content-Type": "application/json"}),
-            "http-classification": self._script(
-                "body.classification.json", {"Content-Type": "application/json"}
-            ),
-            "http-binary": self._script(
-                "body.bin",
+        self.signatures = signatures
+        self.scripts: dict[tuple[str, str], Path] = {}
+        for model, signature in signatures.items():
+            data = inputs(signature)
+            (self.workdir / f"body.{model}.json").write_bytes(json_body(signature, data))
+            (self.workdir / f"body.{model}.classification.json").write_bytes(
+                json_body(signature, data, True)
+            )
+            body, header_length = binary_body(signature, data)
+            (self.workdir / f"body.{model}.bin").write_bytes(body)
+            (self.workdir / f"grpc-{model}.bin").write_bytes(grpc_body(signature, data))
+            json_headers = {"Content-Type": "application/json"}
+            self.scripts[model, "http-json"] = self._script(f"body.{model}.json", json_headers)
+            self.scripts[model, "http-classification"] = self._script(
+                f"body.{model}.classification.json", json_headers
+            )
+            self.scripts[model, "http-binary"] = self._script(
+                f"body.{model}.bin",
                 {
                     "Content-Type": "application/octet-stream",
                     "Inference-Header-Content-Length": str(header_length),
                 },
-            ),
-        }
+            )
 
     def _script(self, body: str, headers: dict[str, str]) -> Path:
         lines = "\n".join(
@@ -175,16 +193,19 @@ class Generator:
         path.write_text(text)
         return path
 
-    def check_body(self, protocol: str) -> bytes:
+    def check_body(self, model: str, protocol: str) -> bytes:
         """The JSON body a point's check request sends (binary bodies are checked as JSON)."""
-        name = "body.classification.json" if protocol == "http-classification" else "body.json"
-        return (self.workdir / name).read_bytes()
+        kind = ".classification" if protocol == "http-classification" else ""
+        return (self.workdir / f"body.{model}{kind}.json").read_bytes()
 
     def run(self, target: Target, concurrency: int, seconds: float) -> Result:
         if target.protocol == "grpc":
             return self._grpc(target, concurrency, seconds)
-        if target.protocol not in self.scripts:
-            raise UserError(f"protocol {target.protocol!r} is not one of {PROTOCOLS}")
+        if (target.model, target.protocol) not in self.scripts:
+            raise UserError(
+                f"no {target.protocol} body for {target.model}: protocols {PROTOCOLS}, models "
+                f"{sorted(self.signatures)}"
+            )
         return self._wrk(target, concurrency, seconds)
 
     def _wrk(self, target: Target, concurrency: int, seconds: float) -> Result:
@@ -197,7 +218,7 @@ class Generator:
             f"-d{max(1, round(seconds))}s",
             "--timeout=10s",
             "-s",
-            str(self.scripts[target.protocol]),
+            str(self.scripts[target.model, target.protocol]),
             target.url,
         ]
         cpu_before = children_cpu()
@@ -225,7 +246,6 @@ class Generator:
             concurrency // processes + (i < concurrency % processes) for i in range(processes)
         ]
         body = self.workdir / f"grpc-{target.model}.bin"
-        body.write_bytes(grpc_body(target.model, features()))
         outdir = Path(tempfile.mkdtemp(dir=self.workdir, prefix="grpc-"))
         workers = []
         for i, share in enumerate(shares):

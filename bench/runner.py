@@ -168,6 +168,19 @@ def run_llm(quick: bool) -> dict:
     return found
 
 
+def model_signatures() -> dict:
+    """The Triton models the bench loads, as the repository declares them (the variants change
+    batching and instances, never a model's tensors)."""
+    from tritonstack.repository import iter_models
+    from tritonstack.signature import Signature
+
+    return {
+        m.name: Signature.from_model(m)
+        for m in iter_models(DEFAULT_MODEL_REPOSITORY)
+        if m.name in TRITON_MODELS
+    }
+
+
 class Progress:
     """One line per step: step count, elapsed time, and an ETA from the planned step times."""
 
@@ -235,7 +248,9 @@ class Bench:
             flush=True,
         )
         self.progress = Progress(estimates)
-        self.generator = Generator(self.workdir / "load", grpc_processes=self.grpc_processes)
+        self.generator = Generator(
+            self.workdir / "load", model_signatures(), grpc_processes=self.grpc_processes
+        )
         venv = None
         if any(SERVERS[server].baseline for server, _ in the_plan):
             from bench.servers import baseline_venv
@@ -308,7 +323,7 @@ class Bench:
         s = self.settings
         target = Target(point.protocol, server.url(point.protocol, point.model), point.model)
         if point.protocol != "grpc":  # the gRPC workers check their first answer themselves
-            self._check_answer(target.url, point.protocol)
+            self._check_answer(target.url, point.model, point.protocol)
         self.generator.run(target, point.concurrency, s.warmup_s)
         counters_before = self._counters(server)
         tree = server.tree()
@@ -362,8 +377,9 @@ class Bench:
             + (f" [{'; '.join(summary.notes)}]" if summary.notes else "")
         )
 
-    def _check_answer(self, url: str, protocol: str = "http-json") -> None:
-        body = self.generator.check_body(protocol)
+    def _check_answer(self, url: str, model: str, protocol: str = "http-json") -> None:
+        """One request before the point: the answer holds every output of the model."""
+        body = self.generator.check_body(model, protocol)
         request = urllib.request.Request(
             url, data=body, headers={"Content-Type": "application/json"}
         )
@@ -373,8 +389,9 @@ class Bench:
         except Exception as exc:
             raise UserError(f"check request to {url} failed: {exc}") from None
         names = {o["name"] for o in outputs}
-        if not names & {"class", "label"}:
-            raise UserError(f"{url} answered without class/label outputs: {sorted(names)}")
+        wanted = {t.name for t in self.generator.signatures[model].outputs}
+        if not wanted <= names:
+            raise UserError(f"{url} answered without {sorted(wanted - names)}: {sorted(names)}")
         if protocol == "http-classification":
             top = outputs[0]["data"][0]  # "score:index:label"
             if not (isinstance(top, str) and top.count(":") >= 2):
@@ -460,7 +477,7 @@ class Bench:
             Target("http-json", server.url("http-json", m), m) for m in ("pipeline", "classify")
         ]
         for target in targets:
-            self._check_answer(target.url)
+            self._check_answer(target.url, target.model)
             self.generator.run(target, 16, s.warmup_s)
         tree = server.tree()
         rss_warm = tree.rss_bytes()

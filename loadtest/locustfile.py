@@ -3,11 +3,13 @@
     locust -f loadtest/locustfile.py --config loadtest/locust.conf --host http://127.0.0.1:8000
 
 Options (command line, locust.conf, LOCUST_<NAME> variables, and the web UI's form):
-`--model` classifier | pipeline | classify, `--user-type` http_json | http_binary | grpc |
-llm_stream (the LLM's generate_stream; --model and --rows do not apply to it), `--rows` 1-64 |
-mix, `--shape` step | spike | soak (empty: constant load), `--grpc-host` (default: the --host's
-name on `--grpc-port`, 8001), `--labels-file`, `--api-key-file` (the gateway's key, for a
-gateway published beyond loopback), and for llm_stream `--max-tokens` and `--stop-at-eos`.
+`--model` any model the target serves (default: the first of $PUBLIC_MODELS), `--user-type`
+http_json | http_binary | grpc | llm_stream (the LLM's generate_stream; --model and --rows do
+not apply to it), `--rows` 1 to the model's max_batch_size | mix, `--input-file` (a .npy or .npz
+of inputs to draw rows from; default: random values), `--shape` step | spike | soak (empty:
+constant load), `--grpc-host` (default: the --host's name on `--grpc-port`, 8001),
+`--api-key-file` (the gateway's key, for a gateway published beyond loopback), and for
+llm_stream `--max-tokens` and `--stop-at-eos`.
 Gates (`--max-p99-ms`, `--max-fail-ratio`, `--max-ttft-p99-ms`, `--max-itl-p99-ms`) are in
 gates.py, the Prometheus exporter in exporter.py.
 
@@ -21,27 +23,24 @@ from __future__ import annotations
 
 import exporter
 import gates
-import generation
 from locust import LoadTestShape, events
 from shapes import SHAPES
 from users import (
-    DEFAULT_LABELS_FILE,
-    GRPC_PORT,
-    MODEL_OUTPUTS,
     USER_TYPES,
     GrpcUser,
     HttpBinaryUser,
     HttpJsonUser,
     LlmStreamUser,
+    default_model,
     parse_rows,
     read_api_key,
-    read_labels,
 )
+
+from tritonstack import streaming
+from tritonstack.contract import GRPC_PORT
 
 # Locust runs the User classes it finds in this module; SelectedShape picks one per --user-type.
 __all__ = ["GrpcUser", "HttpBinaryUser", "HttpJsonUser", "LlmStreamUser", "SelectedShape"]
-
-MODELS = tuple(MODEL_OUTPUTS)
 
 exporter.register(events)
 gates.register(events)
@@ -50,8 +49,8 @@ gates.register(events)
 @events.init_command_line_parser.add_listener
 def add_arguments(parser) -> None:
     parser.add_argument(
-        "--model", choices=MODELS, default="pipeline", env_var="LOCUST_MODEL",
-        help="Triton model to call",
+        "--model", default=default_model(), env_var="LOCUST_MODEL",
+        help="the model to call (through the gateway: a public one, stack.env's PUBLIC_MODELS)",
     )  # fmt: skip
     parser.add_argument(
         "--user-type", choices=sorted(USER_TYPES), default="http_json",
@@ -60,7 +59,13 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--rows", default="1", env_var="LOCUST_ROWS",
-        help="embeddings per request: 1-64, or 'mix' (mostly 1, sometimes 4, 16, 64)",
+        help="rows per request: 1 to the model's max_batch_size, or 'mix' (mostly 1, sometimes "
+        "4, 16, 64)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--input-file", default="", env_var="LOCUST_INPUT_FILE", include_in_web_ui=False,
+        help="a .npy (one input) or .npz (an array per input name) to draw rows from; "
+        "empty: random values",
     )  # fmt: skip
     parser.add_argument(
         "--shape", choices=sorted(SHAPES), default="", env_var="LOCUST_SHAPE",
@@ -75,14 +80,10 @@ def add_arguments(parser) -> None:
         help="Triton gRPC port on the --host's machine, when --grpc-host is empty",
     )  # fmt: skip
     parser.add_argument(
-        "--labels-file", default=str(DEFAULT_LABELS_FILE), env_var="LOCUST_LABELS_FILE",
-        include_in_web_ui=False, help="the class labels responses must come from",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-tokens", type=int, default=generation.DEFAULT_MAX_TOKENS,
+        "--max-tokens", type=int, default=streaming.DEFAULT_MAX_TOKENS,
         env_var="LOCUST_MAX_TOKENS",
-        help=f"llm_stream: tokens per answer, 1-{generation.MAX_TOKENS} (at most, with "
-        "--stop-at-eos)",
+        help="llm_stream: tokens per answer (at most, with --stop-at-eos); the gateway allows "
+        "up to stack.env's GATEWAY_LLM_MAX_TOKENS",
     )  # fmt: skip
     parser.add_argument(
         "--stop-at-eos", action="store_true", default=False, env_var="LOCUST_STOP_AT_EOS",
@@ -102,12 +103,9 @@ def check_options(environment, **_kwargs) -> None:
     if options is None:
         return
     try:
-        if not 1 <= options.max_tokens <= generation.MAX_TOKENS:
-            raise ValueError(
-                f"--max-tokens must be from 1 to {generation.MAX_TOKENS}, got {options.max_tokens}"
-            )
+        if options.max_tokens < 1:
+            raise ValueError(f"--max-tokens must be at least 1, got {options.max_tokens}")
         parse_rows(options.rows)
-        read_labels(options.labels_file)
         read_api_key(options.api_key_file)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None  # one line, exit code 1, no traceback

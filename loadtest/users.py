@@ -1,18 +1,20 @@
 """Locust users: one class per way of calling Triton, each checking what comes back.
 
-The classifier's users (http_json, http_binary, grpc) send `features` FP32 [rows, 128] to one
-model and fail the request unless the answer is right in *content*, not only in status: the
-expected outputs with the expected shapes, scores that are probabilities, labels from the labels
-file, and (for `pipeline`) the label of the highest-scoring class. Options (model, rows, labels
-file, gRPC address) come from Locust's parsed options, so the command line, locust.conf,
-LOCUST_* variables and the web UI all set them; the target host comes from the environment, the
-only place a worker receives it.
+The model's users (http_json, http_binary, grpc) call any model the server serves (through the
+gateway: a public one). Each asks the server for the model's metadata first
+(tritonstack.signature: `GET /v2/models/<model>` and `/config`), builds its requests from it
+(random values, or rows drawn from `--input-file`, a .npy or .npz file), and fails a request
+unless the answer is right in *form*, not only in status: every output the metadata lists, of
+its shape and datatype for the rows sent, numbers finite. What the answers mean is each model's
+own business, checked by its own tests. Options (model, rows, input file, gRPC address) come
+from Locust's parsed options, so the command line, locust.conf, LOCUST_* variables and the web UI
+all set them; the target host comes from the environment, the only place a worker receives it.
 
 Users wait zero seconds between requests: a closed loop where the number of users is the number
 of requests in flight, which is what drives Triton's dynamic batcher.
 
 The LLM's user (llm_stream) streams generations from /v2/models/llm/generate_stream instead; the
-answers are checked and timed by generation.py, and the timings reported as gates.py describes.
+answers are checked and timed by streaming.py, and the timings reported as gates.py describes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 import http.client
 import itertools
 import json
+import os
 import random
 import ssl
 import time
@@ -28,59 +31,51 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import gates
-import generation
 import grpc.experimental.gevent as grpc_gevent
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from locust import FastHttpUser, User, constant, task
 
+from tritonstack import signature, streaming
+from tritonstack.errors import UserError
+
 # gRPC's C core blocks the whole process unless it cooperates with gevent; this must run before
 # any channel exists (Locust has already monkey-patched the standard library at this point).
 grpc_gevent.init_gevent()
 
-# The model contract and Triton's gRPC port. The Locust image installs loadtest/requirements.txt,
-# not the tritonstack package, so these are spelled out here; tests/unit/test_contract.py fails when
-# they differ from tritonstack/contract.py.
-INPUT_NAME = "features"
-INPUT_DATATYPE = "FP32"
-FEATURES = 128
-MAX_ROWS = 64  # every model's max_batch_size
-MODEL_OUTPUTS = {
-    "classifier": ("class",),
-    "pipeline": ("label", "class"),
-    "classify": ("label", "score"),
-}
-GRPC_PORT = 8001
-#: `--rows mix`: mostly single embeddings, sometimes a page of results to re-rank.
+#: `--rows mix`: mostly single rows, sometimes a page of results to re-rank (kept to the model's
+#: max_batch_size).
 ROWS_MIX = ((1, 0.6), (4, 0.25), (16, 0.1), (64, 0.05))
 #: Distinct payloads prepared per rows value, sent in turn (building one costs client CPU).
 PAYLOADS_PER_ROWS = 8
-#: The labels file the models serve, in this checkout. The Locust containers have no checkout:
-#: compose mounts the file and the Kubernetes ConfigMap carries it, each naming it in
-#: LOCUST_LABELS_FILE.
-DEFAULT_LABELS_FILE = (
-    Path(__file__).resolve().parent.parent / "model_repository" / "postprocess" / "labels.txt"
-)
 TIMEOUT_S = 10.0
+#: Pause after a failed metadata request, before the user asks again.
+RETRY_S = 1.0
 #: Longest wait for the next event of a stream (a queued prompt waits for a free batch slot).
 STREAM_TIMEOUT_S = 60.0
 
 
-class ValidationError(Exception):
-    """The server answered, but not with a correct classification."""
+def default_model() -> str:
+    """The first of $PUBLIC_MODELS (compose passes stack.env to Locust); `tritonstack loadtest`
+    always names one."""
+    models = os.environ.get("PUBLIC_MODELS", "").split()
+    return models[0] if models else ""
 
 
-def parse_rows(value: str) -> tuple[tuple[int, float], ...]:
-    """`--rows` as (rows, weight) choices: an integer 1-64, or `mix`."""
+def parse_rows(value: str, max_rows: int | None = None) -> tuple[tuple[int, float], ...]:
+    """`--rows` as (rows, weight) choices: an integer, or `mix`; with `max_rows` (the model's
+    max_batch_size, 1 for a model without batching) kept within it."""
     if value == "mix":
-        return ROWS_MIX
+        mix = tuple((rows, weight) for rows, weight in ROWS_MIX if rows <= (max_rows or rows))
+        return mix or ((1, 1.0),)
     try:
         rows = int(value)
     except ValueError:
         rows = 0
-    if not 1 <= rows <= MAX_ROWS:
-        raise ValueError(f"--rows must be an integer from 1 to {MAX_ROWS} or 'mix', got {value!r}")
+    if rows < 1 or (max_rows is not None and rows > max_rows):
+        bound = f"1 to {max_rows}" if max_rows is not None else "a positive integer"
+        raise ValueError(f"--rows must be {bound} or 'mix', got {value!r}")
     return ((rows, 1.0),)
 
 
@@ -90,16 +85,6 @@ def read_option_file(path: str, what: str, fix: str) -> str:
         return Path(path).read_text()
     except OSError as exc:
         raise ValueError(f"cannot read the {what} {path} ({exc.strerror}); {fix}") from None
-
-
-@functools.cache
-def read_labels(path: str) -> tuple[str, ...]:
-    """The class labels, one per line in class order (model_repository/postprocess/labels.txt)."""
-    fix = "set --labels-file or LOCUST_LABELS_FILE to model_repository/postprocess/labels.txt"
-    labels = tuple(line for line in read_option_file(path, "labels file", fix).splitlines() if line)
-    if len(labels) != 2:
-        raise ValueError(f"{path}: expected 2 labels, one per line, found {len(labels)}")
-    return labels
 
 
 @functools.cache
@@ -114,40 +99,36 @@ def read_api_key(path: str) -> str:
     return key
 
 
-def check_outputs(
-    model: str, rows: int, outputs: dict[str, np.ndarray], labels: tuple[str, ...]
-) -> None:
-    """Raise ValidationError unless `outputs` is a correct answer of `model` for `rows` rows."""
-    missing = set(MODEL_OUTPUTS[model]) - {k for k, v in outputs.items() if v is not None}
-    if missing:
-        raise ValidationError(f"missing output(s) {sorted(missing)}")
-    expected = {"class": (rows, 2), "label": (rows, 1), "score": (rows, 1)}
-    for name in MODEL_OUTPUTS[model]:
-        if outputs[name].shape != expected[name]:
-            raise ValidationError(
-                f"output {name!r} has shape {list(outputs[name].shape)}, "
-                f"expected {list(expected[name])}"
-            )
-    for name in ("class", "score"):
-        if name in outputs:
-            values = np.asarray(outputs[name], dtype=np.float64)
-            if not np.all((values >= 0.0) & (values <= 1.0)):
-                raise ValidationError(f"output {name!r} has values outside [0, 1]")
-    if "class" in outputs and not np.allclose(outputs["class"].sum(axis=1), 1.0, atol=1e-3):
-        raise ValidationError("output 'class' rows do not sum to 1")
-    if "label" in outputs:
-        names = [v.decode() if isinstance(v, bytes) else str(v) for v in outputs["label"][:, 0]]
-        unknown = sorted(set(names) - set(labels))
-        if unknown:
-            raise ValidationError(f"label(s) {unknown} not in the labels file {list(labels)}")
-        if "class" in outputs:
-            argmax = [labels[i] for i in np.asarray(outputs["class"]).argmax(axis=1)]
-            if names != argmax:
-                raise ValidationError("label does not match the highest-scoring class")
+def http_target(host: str | None) -> tuple[str, str]:
+    """(scheme, host:port) of the environment's HTTP host."""
+    if not host:
+        raise ValueError("no target host: start Locust with --host (or set it in the web UI)")
+    url = urlsplit(host if "://" in host else f"http://{host}")
+    return url.scheme, url.netloc
 
 
-def embeddings(rows: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.standard_normal((rows, FEATURES)).astype(np.float32)
+@functools.cache
+def model_signature(host: str, model: str, api_key: str) -> signature.Signature:
+    """The model's signature, asked of the server once per process."""
+    if not model:
+        raise ValueError("no model: set --model (or LOCUST_MODEL, or PUBLIC_MODELS)")
+    scheme, netloc = http_target(host)
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        return signature.fetch(netloc, model, headers, scheme=scheme)
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
+
+
+@functools.cache
+def input_rows(path: str, sig: signature.Signature) -> dict[str, np.ndarray] | None:
+    """`--input-file`'s arrays, checked against the model (None: random inputs)."""
+    if not path:
+        return None
+    try:
+        return signature.load_arrays(Path(path), sig)
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def grpc_target(options, host: str | None) -> str:
@@ -175,18 +156,57 @@ class TritonUser(User):
 
     def on_start(self) -> None:
         options = self.environment.parsed_options
-        self.model = options.model
-        self.labels = read_labels(options.labels_file)
-        key = read_api_key(options.api_key_file)
+        self.model = options.model or default_model()
+        self.key = read_api_key(options.api_key_file)
         #: Sent on every request; the gateway asks for a key only beyond loopback.
-        self.auth = {"authorization": f"Bearer {key}"} if key else {}
-        choices = parse_rows(options.rows)
+        self.auth = {"authorization": f"Bearer {self.key}"} if self.key else {}
+        self.signature: signature.Signature | None = None
+        self.payloads: dict = {}
+        self.random = random.Random()
+
+    def prepare(self) -> bool:
+        """Ask the server for the model's signature and build the payloads, once; until that
+        works, each attempt is a failed request (a missing key, a model the gateway does not
+        route, a server that is down, rows the model does not take), so a run shows why it
+        sends nothing."""
+        if self.payloads:
+            return True
+        started = time.perf_counter()
+        try:
+            self.signature = model_signature(self.environment.host, self.model, self.key)
+            self.payloads = self.build_payloads()
+        except (ValueError, UserError) as exc:
+            self.signature, self.payloads = None, {}
+            self.environment.events.request.fire(
+                request_type="GET",
+                name=f"{self.model} metadata",
+                response_time=(time.perf_counter() - started) * 1000.0,
+                response_length=0,
+                exception=exc,
+                context=self.context(),
+            )
+            time.sleep(RETRY_S)  # cooperative: Locust has patched time.sleep for gevent
+            return False
+        return True
+
+    def build_payloads(self) -> dict:
+        """PAYLOADS_PER_ROWS payloads for each rows choice, from the model's signature."""
+        options = self.environment.parsed_options
+        choices = parse_rows(options.rows, self.signature.max_rows)
         self.rows_choices = [rows for rows, _ in choices]
         self.rows_weights = [weight for _, weight in choices]
-        self.random = random.Random()
         rng = np.random.default_rng()
-        self.payloads = {
-            rows: [self.payload(embeddings(rows, rng)) for _ in range(PAYLOADS_PER_ROWS)]
+        given = input_rows(options.input_file, self.signature)
+
+        def arrays(rows: int) -> dict[str, np.ndarray]:
+            if given is None:
+                return self.signature.random_inputs(rows, rng)
+            if not self.signature.batched:
+                return given
+            return signature.sample_rows(given, rows, rng)
+
+        return {
+            rows: [self.payload(arrays(rows)) for _ in range(PAYLOADS_PER_ROWS)]
             for rows in self.rows_choices
         }
 
@@ -201,7 +221,7 @@ class TritonUser(User):
     def request_name(self, rows: int) -> str:
         return f"{self.model} rows={rows}"
 
-    def payload(self, features: np.ndarray):
+    def payload(self, arrays: dict[str, np.ndarray]):
         raise NotImplementedError
 
 
@@ -210,9 +230,14 @@ class TritonHttpUser(TritonUser, FastHttpUser):
 
     abstract = True
     #: What parsing a malformed answer raises: reported as a request failure, never a crash.
-    answer_errors: tuple[type[Exception], ...] = (ValidationError, ValueError, KeyError, TypeError)
+    answer_errors: tuple[type[Exception], ...] = (
+        signature.AnswerError,
+        ValueError,
+        KeyError,
+        TypeError,
+    )
 
-    def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    def payload(self, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
         """The request body and its headers, built once per pre-generated payload."""
         raise NotImplementedError
 
@@ -222,6 +247,8 @@ class TritonHttpUser(TritonUser, FastHttpUser):
 
     @task
     def infer(self) -> None:
+        if not self.prepare():
+            return
         rows, (body, headers) = self.next_payload()
         with self.client.post(
             f"/v2/models/{self.model}/infer",
@@ -234,7 +261,7 @@ class TritonHttpUser(TritonUser, FastHttpUser):
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
                 return
             try:
-                check_outputs(self.model, rows, self.outputs(response), self.labels)
+                self.signature.check_answer(self.outputs(response), rows)
             except self.answer_errors as exc:
                 response.failure(f"bad answer: {exc}")
             else:
@@ -247,19 +274,24 @@ class HttpJsonUser(TritonHttpUser):
     abstract = False
     user_type = "http_json"
 
-    def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
-        tensor = {
-            "name": INPUT_NAME,
-            "shape": list(features.shape),
-            "datatype": INPUT_DATATYPE,
-            "data": features.ravel().tolist(),
-        }
-        return json.dumps({"inputs": [tensor]}).encode(), {"Content-Type": "application/json"}
+    def payload(self, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        tensors = [
+            {
+                "name": tensor.name,
+                "shape": list(arrays[tensor.name].shape),
+                "datatype": tensor.datatype,
+                "data": arrays[tensor.name].ravel().tolist(),
+            }
+            for tensor in self.signature.inputs
+        ]
+        outputs = [{"name": tensor.name} for tensor in self.signature.outputs]
+        body = {"inputs": tensors, "outputs": outputs}
+        return json.dumps(body).encode(), {"Content-Type": "application/json"}
 
     def outputs(self, response) -> dict[str, np.ndarray]:
         return {
             out["name"]: np.array(
-                out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
+                out["data"], dtype=signature.NUMPY_TYPES[out["datatype"]]
             ).reshape(out["shape"])
             for out in response.json()["outputs"]
         }
@@ -277,15 +309,18 @@ class HttpBinaryUser(TritonHttpUser):
     user_type = "http_binary"
     answer_errors = (Exception,)  # a malformed body raises from deep in tritonclient
 
-    def payload(self, features: np.ndarray) -> tuple[bytes, dict[str, str]]:
-        tensor = httpclient.InferInput(INPUT_NAME, list(features.shape), INPUT_DATATYPE)
-        tensor.set_data_from_numpy(features, binary_data=True)
+    def payload(self, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        tensors = []
+        for tensor in self.signature.inputs:
+            array = arrays[tensor.name]
+            tensors.append(httpclient.InferInput(tensor.name, list(array.shape), tensor.datatype))
+            tensors[-1].set_data_from_numpy(array, binary_data=True)
         outputs = [
-            httpclient.InferRequestedOutput(name, binary_data=True)
-            for name in MODEL_OUTPUTS[self.model]
+            httpclient.InferRequestedOutput(tensor.name, binary_data=True)
+            for tensor in self.signature.outputs
         ]
         body, json_size = httpclient.InferenceServerClient.generate_request_body(
-            [tensor], outputs=outputs
+            tensors, outputs=outputs
         )
         headers = {"Content-Type": "application/octet-stream"}
         if json_size is not None:
@@ -297,7 +332,7 @@ class HttpBinaryUser(TritonHttpUser):
         result = httpclient.InferenceServerClient.parse_response_body(
             response.content, header_length=int(length) if length else None
         )
-        return {name: result.as_numpy(name) for name in MODEL_OUTPUTS[self.model]}
+        return {tensor.name: result.as_numpy(tensor.name) for tensor in self.signature.outputs}
 
 
 class GeventSafeGrpcClient(grpcclient.InferenceServerClient):
@@ -333,21 +368,27 @@ class GrpcUser(TritonUser):
         if client is not None:
             client.close()
 
-    def payload(self, features: np.ndarray) -> grpcclient.InferInput:
-        tensor = grpcclient.InferInput(INPUT_NAME, list(features.shape), INPUT_DATATYPE)
-        tensor.set_data_from_numpy(features)
-        return tensor
+    def payload(self, arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
+        tensors = []
+        for tensor in self.signature.inputs:
+            array = arrays[tensor.name]
+            tensors.append(grpcclient.InferInput(tensor.name, list(array.shape), tensor.datatype))
+            tensors[-1].set_data_from_numpy(array)
+        return tensors
 
     @task
     def infer(self) -> None:
-        rows, tensor = self.next_payload()
-        outputs = [grpcclient.InferRequestedOutput(name) for name in MODEL_OUTPUTS[self.model]]
+        if not self.prepare():
+            return
+        rows, tensors = self.next_payload()
+        names = [tensor.name for tensor in self.signature.outputs]
+        outputs = [grpcclient.InferRequestedOutput(name) for name in names]
         exception = None
         length = 0
         start = time.perf_counter()
         try:
             result = self.grpc.infer(
-                self.model, [tensor], outputs=outputs, headers=self.auth, client_timeout=TIMEOUT_S
+                self.model, tensors, outputs=outputs, headers=self.auth, client_timeout=TIMEOUT_S
             )
         except Exception as exc:  # InferenceServerException: status, deadline, connection
             result, exception = None, exc
@@ -355,10 +396,9 @@ class GrpcUser(TritonUser):
         if result is not None:
             length = result.get_response().ByteSize()
             try:
-                answer = {name: result.as_numpy(name) for name in MODEL_OUTPUTS[self.model]}
-                check_outputs(self.model, rows, answer, self.labels)
-            except Exception as exc:  # ValidationError or an undecodable tensor
-                exception = ValidationError(f"bad answer: {exc}")
+                self.signature.check_answer({name: result.as_numpy(name) for name in names}, rows)
+            except Exception as exc:  # AnswerError or an undecodable tensor
+                exception = signature.AnswerError(f"bad answer: {exc}")
         self.environment.events.request.fire(
             request_type="gRPC",
             name=self.request_name(rows),
@@ -383,7 +423,7 @@ class LlmStreamUser(User):
     abstract = False
     wait_time = constant(0)
     user_type = "llm_stream"
-    request_name = f"{generation.LLM_MODEL} generate_stream"
+    request_name = f"{streaming.LLM_MODEL} generate_stream"
 
     def on_start(self) -> None:
         options = self.environment.parsed_options
@@ -393,7 +433,7 @@ class LlmStreamUser(User):
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if key:
             self.headers["Authorization"] = f"Bearer {key}"
-        self.prompts = itertools.cycle(generation.PROMPTS)
+        self.prompts = itertools.cycle(streaming.PROMPTS)
         self.random = random.Random()
         self.connection = self.connect(self.environment.host)
 
@@ -420,27 +460,27 @@ class LlmStreamUser(User):
         return http.client.HTTPConnection(url.hostname, url.port, timeout=STREAM_TIMEOUT_S)
 
     def context(self) -> dict:
-        return {"user_type": self.user_type, "model": generation.LLM_MODEL}
+        return {"user_type": self.user_type, "model": streaming.LLM_MODEL}
 
     @task
     def generate(self) -> None:
         exception: Exception | None = None
         length = 0
         start = time.perf_counter()
-        stream = generation.Stream(start)
+        stream = streaming.Stream(start)
         try:
-            prompt = generation.unique(next(self.prompts), self.random)
-            body = generation.request_body(prompt, self.max_tokens, self.ignore_eos)
-            self.connection.request("POST", generation.ROUTE, body, self.headers)
+            prompt = streaming.unique(next(self.prompts), self.random)
+            body = streaming.request_body(prompt, self.max_tokens, self.ignore_eos)
+            self.connection.request("POST", streaming.ROUTE, body, self.headers)
             response = self.connection.getresponse()
             if response.status != 200:
                 text = response.read()[:200].decode("utf-8", errors="replace")
-                raise generation.AnswerError(f"HTTP {response.status}: {text}")
+                raise streaming.AnswerError(f"HTTP {response.status}: {text}")
             for line in response:  # each line as soon as it arrives
                 length += len(line)
                 stream.feed(line, time.perf_counter())
             stream.check(self.max_tokens, self.ignore_eos)
-        except generation.AnswerError as exc:
+        except streaming.AnswerError as exc:
             exception = exc
         except (OSError, http.client.HTTPException) as exc:  # reset, timeout, malformed HTTP
             exception = exc

@@ -6,6 +6,7 @@ import http.client
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -31,9 +32,13 @@ def require_tool(name: str) -> str:
     return path
 
 
+#: The demo's embedding width (tests/unit/test_demo.py holds it to the demo's configs).
+DEMO_FEATURES = 128
+
+
 def embeddings(rows: int, seed: int = 0) -> np.ndarray:
-    """`rows` random embeddings of the model contract's width, the same for the same seed."""
-    return np.random.default_rng(seed).standard_normal((rows, contract.FEATURES)).astype(np.float32)
+    """`rows` random embeddings for the demo's models, the same for the same seed."""
+    return np.random.default_rng(seed).standard_normal((rows, DEMO_FEATURES)).astype(np.float32)
 
 
 def compose_seconds(duration: str) -> float:
@@ -67,3 +72,24 @@ def wait_routed(url: str, path: str = "/v2/health/ready") -> float:
             return waited
         assert waited < ROUTED_AGAIN_WITHIN, f"gateway not routing {path} after {waited:.1f} s"
         time.sleep(0.1)
+
+
+def copy_project(destination: Path) -> Path:
+    """A copy of this checkout's files (tracked, and new ones git does not ignore), as a user's
+    clone holds them: a project folder for `tritonstack --project-dir` or compose."""
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the working tree, not yet in git
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, target)
+    return destination

@@ -13,17 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tritonstack.contract import (
-    FEATURES,
-    GRPC_PORT,
-    HTTP_PORT,
-    LABELS_FILE,
-    LLM_REPOSITORY,
-    LOOPBACK,
-    MAX_BATCH_SIZE,
-    METRICS_PORT,
-    PUBLIC_MODELS,
-)
+from tritonstack.contract import GRPC_PORT, HTTP_PORT, LLM_REPOSITORY, LOOPBACK, METRICS_PORT
 from tritonstack.errors import UserError, require_extra
 from tritonstack.project import PROJECT_DIR_ENV, use_project_dir
 
@@ -43,6 +33,10 @@ def _repository_arg(parser: argparse.ArgumentParser) -> None:
 #: `configure(parser)` and `run(args) -> int`. Modules must import heavy dependencies lazily.
 PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
     # "name": ("tritonstack.module", "one-line help"),
+    "add-model": (
+        "tritonstack.add_model",
+        "serve an ONNX model of yours: write its repository folder",
+    ),
     "loadtest": ("tritonstack.loadtest", "headless Locust run with pass/fail gates"),
     "dashboards": ("tritonstack.dashboards", "regenerate grafana/dashboards/*.json"),
     "top": ("tritonstack.top", "live per-model view of Triton's metrics in the terminal"),
@@ -182,32 +176,35 @@ def _wait(stop: threading.Event, gateway, server=None, reload_keys=None) -> None
 def cmd_infer(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from tritonstack.client import infer, predictions
+    from tritonstack.client import fetch_signature, infer, table
+    from tritonstack.settings import load
+    from tritonstack.signature import load_arrays
 
-    if args.input:
-        try:
-            features = np.load(args.input)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{args.input}: cannot read a .npy array ({exc})") from None
-        features = np.atleast_2d(features)
-    else:
-        features = np.random.default_rng(args.seed).standard_normal((args.rows, FEATURES))
+    model = args.model or load().default_model
     url = args.url or f"{LOOPBACK}:{HTTP_PORT if args.protocol == 'http' else GRPC_PORT}"
+    signature = fetch_signature(url, model, args.protocol, args.api_key)
+    if args.input:
+        arrays = load_arrays(args.input, signature)
+    else:
+        arrays = signature.random_inputs(args.rows, np.random.default_rng(args.seed))
+    classified = bool(signature.labelled_outputs)
     outputs = infer(
-        url, args.model, features.astype(np.float32), protocol=args.protocol, api_key=args.api_key
+        url,
+        model,
+        arrays,
+        protocol=args.protocol,
+        api_key=args.api_key,
+        classification=1 if classified else 0,
+        signature=signature,
     )
-    from tritonstack import DEFAULT_MODEL_REPOSITORY
-
-    labels = (DEFAULT_MODEL_REPOSITORY / LABELS_FILE).read_text().split("\n")
-    print(f"{'row':>4}  {'label':<14} score")
-    for row, prediction in enumerate(predictions(args.model, outputs, labels)):
-        print(f"{row:>4}  {prediction.label:<14} {prediction.score:.4f}")
+    for line in table(signature, outputs, classified):
+        print(line)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tritonstack", description="Serve a small classifier on NVIDIA Triton."
+        prog="tritonstack", description="Serve small models on NVIDIA Triton."
     )
     parser.add_argument(
         "--project-dir",
@@ -243,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-supervise",
         dest="supervise",
         action="store_false",
-        help="do not probe `pipeline` every second and restart Triton when it fails",
+        help="do not probe the public models every second and restart Triton when it fails",
     )
     gateway_arguments(p)
     from tritonstack.llm import add_arguments as llm_arguments
@@ -251,18 +248,21 @@ def build_parser() -> argparse.ArgumentParser:
     llm_arguments(p)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("infer", help="classify embeddings through a running Triton")
-    p.add_argument("--model", default="pipeline", choices=PUBLIC_MODELS)
+    p = sub.add_parser("infer", help="send one request to a model of a running Triton")
+    p.add_argument("--model", default=None, help="default: the first of stack.env's PUBLIC_MODELS")
     p.add_argument("--protocol", default="http", choices=["http", "grpc"])
     p.add_argument(
         "--url", default=None, help=f"host:port (default {LOOPBACK}:{HTTP_PORT} / :{GRPC_PORT})"
     )
     p.add_argument(
-        "--rows", type=int, default=4, help=f"random embeddings to send (1-{MAX_BATCH_SIZE})"
+        "--rows", type=int, default=4, help="random rows to send (1 to the model's max_batch_size)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed for the random embeddings")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random values")
     p.add_argument(
-        "--input", type=Path, default=None, help=f".npy file of shape [rows, {FEATURES}]"
+        "--input",
+        type=Path,
+        default=None,
+        help=".npy (a model with one input) or .npz (an array per input name), batch dim first",
     )
     p.add_argument(
         "--api-key",

@@ -1,24 +1,21 @@
-"""The client: one `InferenceServerClient`, batched inputs, HTTP or gRPC.
+"""The client: one `InferenceServerClient`, HTTP or gRPC, requests built from the model's metadata.
 
-`infer` returns plain rows so the CLI, the tests and the examples print the same thing.
+`infer` asks the server what the model takes (tritonstack.signature), sends the given arrays
+(or one array, for a model with one input) and returns every output by name; `table` turns an
+answer into the rows `tritonstack infer` prints: labels where the model has them (Triton's
+classification extension), else the outputs' values.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 
-from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME, MODEL_OUTPUTS
 from tritonstack.errors import UserError
-
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    score: float
+from tritonstack.signature import Signature, parse_classification
 
 
 def client_module(protocol: str):
@@ -32,74 +29,154 @@ def client_module(protocol: str):
     return module
 
 
+def _connect(url: str, protocol: str, timeout: float):
+    module = client_module(protocol)
+    try:
+        if protocol == "http":
+            return module.InferenceServerClient(
+                url=url, connection_timeout=timeout, network_timeout=timeout
+            )
+        return module.InferenceServerClient(url=url)
+    except Exception as exc:
+        raise UserError(f"cannot create a {protocol} client for {url}: {exc}") from None
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _unreachable(url: str, protocol: str, detail) -> UserError:
+    return UserError(
+        f"cannot reach Triton at {url} over {protocol} ({detail}); "
+        "start it with `tritonstack serve` or `docker compose up`"
+    )
+
+
+def fetch_signature(
+    url: str, model: str, protocol: str = "http", api_key: str | None = None, timeout: float = 10
+) -> Signature:
+    """`model`'s signature from the server at `url`, over `protocol`."""
+    if protocol == "http":
+        from tritonstack.signature import fetch
+
+        return fetch(url, model, _headers(api_key), timeout)
+    from tritonclient.utils import InferenceServerException
+
+    client = _connect(url, protocol, timeout)
+    try:
+        headers = _headers(api_key)
+        metadata = client.get_model_metadata(model, headers=headers, as_json=True)
+        config = client.get_model_config(model, headers=headers, as_json=True)["config"]
+    except InferenceServerException as exc:
+        if "connect" in (exc.message() or "") or exc.status() == "StatusCode.UNAVAILABLE":
+            raise _unreachable(url, protocol, exc.message()) from None
+        raise UserError(f"{url} ({protocol}): {model}'s metadata: {exc.message()}") from None
+    finally:
+        client.close()
+    return Signature.from_server(metadata, config)
+
+
+def as_arrays(signature: Signature, inputs) -> dict[str, np.ndarray]:
+    """`inputs` by input name: arrays by name, or one array for a model with one input."""
+    if isinstance(inputs, Mapping):
+        arrays = dict(inputs)
+    elif len(signature.inputs) == 1:
+        arrays = {signature.inputs[0].name: inputs}
+    else:
+        names = [t.name for t in signature.inputs]
+        raise UserError(f"{signature.model} takes {len(names)} inputs {names}: pass them by name")
+    return signature.inputs_from_arrays(arrays, "the inputs")
+
+
 def infer(
     url: str,
     model: str,
-    features: np.ndarray,
+    inputs,
     protocol: str = "http",
     timeout: float = 10.0,
     outputs: tuple[str, ...] | None = None,
     api_key: str | None = None,
+    classification: int = 0,
+    signature: Signature | None = None,
 ) -> dict[str, np.ndarray]:
-    """Send one batched request and return the requested outputs (default: all) by name.
+    """Send one request and return the requested outputs (default: all) by name.
 
-    `api_key` is sent as `Authorization: Bearer <key>` (gRPC: metadata), what the gateway checks.
-
-    Triton wants the batch dimension first: `features` is [rows, FEATURES], never [FEATURES].
+    `inputs`: arrays by input name, or one array for a model with one input; batched models
+    take the batch dimension first. `api_key` is sent as `Authorization: Bearer <key>` (gRPC:
+    metadata), what the gateway checks. `classification` N asks outputs that have labels for
+    their top N classes as "score:index:label" strings (Triton's classification extension).
     """
     from tritonclient.utils import InferenceServerException
 
-    if features.ndim != 2 or features.shape[1] != FEATURES:
-        raise UserError(f"features must have shape [rows, {FEATURES}], got {list(features.shape)}")
-    if model not in MODEL_OUTPUTS:
-        raise UserError(f"model {model!r} is not one of {sorted(MODEL_OUTPUTS)}")
-    outputs = outputs or MODEL_OUTPUTS[model]
+    signature = signature or fetch_signature(url, model, protocol, api_key, timeout)
+    arrays = as_arrays(signature, inputs)
+    labelled = {t.name for t in signature.labelled_outputs}
+    outputs = outputs or tuple(t.name for t in signature.outputs)
     module = client_module(protocol)
-    features = np.ascontiguousarray(features, dtype=np.float32)
+    client = _connect(url, protocol, timeout)
     try:
-        if protocol == "http":
-            client = module.InferenceServerClient(
-                url=url, connection_timeout=timeout, network_timeout=timeout
-            )
-        else:
-            client = module.InferenceServerClient(url=url)
-    except Exception as exc:
-        raise UserError(f"cannot create a {protocol} client for {url}: {exc}") from None
-    try:
-        tensor = module.InferInput(INPUT_NAME, list(features.shape), INPUT_DATATYPE)
-        tensor.set_data_from_numpy(features)
-        requested = [module.InferRequestedOutput(name) for name in outputs]
+        tensors = []
+        for tensor in signature.inputs:
+            array = arrays[tensor.name]
+            tensors.append(module.InferInput(tensor.name, list(array.shape), tensor.datatype))
+            tensors[-1].set_data_from_numpy(array)
+        requested = [
+            module.InferRequestedOutput(name, class_count=classification if name in labelled else 0)
+            for name in outputs
+        ]
         kwargs = {"client_timeout": timeout} if protocol == "grpc" else {}
         if api_key:
-            kwargs["headers"] = {"authorization": f"Bearer {api_key}"}
-        result = client.infer(model_name=model, inputs=[tensor], outputs=requested, **kwargs)
+            kwargs["headers"] = _headers(api_key)
+        result = client.infer(model_name=model, inputs=tensors, outputs=requested, **kwargs)
         return {name: result.as_numpy(name) for name in outputs}
     except InferenceServerException as exc:
         if exc.status() == "StatusCode.UNAVAILABLE" and "connect" in (exc.message() or ""):
-            raise UserError(
-                f"cannot reach Triton at {url} over grpc; "
-                "start it with `tritonstack serve` or `docker compose up`"
-            ) from None
+            raise _unreachable(url, protocol, exc.message()) from None
         raise UserError(f"Triton at {url} ({protocol}) answered: {exc.message()}") from None
     except (ConnectionError, OSError) as exc:
-        raise UserError(
-            f"cannot reach Triton at {url} over {protocol} ({exc}); "
-            "start it with `tritonstack serve` or `docker compose up`"
-        ) from None
+        raise _unreachable(url, protocol, exc) from None
     except Exception as exc:  # e.g. geventhttpclient's HTTPConnectionClosed mid-response
         raise UserError(f"request to Triton at {url} ({protocol}) failed: {exc!r}") from None
     finally:
         client.close()
 
 
-def predictions(model: str, outputs: dict[str, np.ndarray], labels: list[str]) -> list[Prediction]:
-    """Rows of (label, score) whatever the model; `labels` maps class indices for `classifier`."""
-    scores = outputs["score"][:, 0] if "score" in outputs else outputs["class"].max(axis=1)
-    if "label" in outputs:
-        names = [value.decode() for value in outputs["label"][:, 0]]
-    else:
-        names = [labels[i] for i in outputs["class"].argmax(axis=1)]
-    return [Prediction(name, float(score)) for name, score in zip(names, scores, strict=False)]
+def _cell(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray):
+        if value.size == 1:
+            return _cell(value.reshape(-1)[0])
+        return (
+            "["
+            + ", ".join(_cell(v) for v in value.reshape(-1)[:8])
+            + (", ...]" if value.size > 8 else "]")
+        )
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):.4f}"
+    return str(value)
+
+
+def table(signature: Signature, outputs: Mapping[str, np.ndarray], classified: bool) -> list[str]:
+    """The lines `tritonstack infer` prints: a header, then one line per row; an output with
+    labels asked through the classification extension shows its top label (and its score)."""
+    columns: list[tuple[str, list[str]]] = []
+    for name, value in outputs.items():
+        if classified and name in {t.name for t in signature.labelled_outputs}:
+            columns.append(
+                (name, [f"{label} ({score:.4f})" for label, score in parse_classification(value)])
+            )
+        else:
+            rows = value if signature.batched else value[np.newaxis]
+            columns.append((name, [_cell(row) for row in rows]))
+    widths = [max(len(title), *(len(c) for c in cells)) for title, cells in columns]
+    header = "  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths, strict=True))
+    lines = [f"{'row':>4}  {header}".rstrip()]
+    count = len(columns[0][1]) if columns else 0
+    for row in range(count):
+        cells = "  ".join(f"{c[row]:<{w}}" for (_, c), w in zip(columns, widths, strict=True))
+        lines.append(f"{row:>4}  {cells}".rstrip())
+    return lines
 
 
 class ClosedLoop(threading.Thread):
@@ -107,13 +184,15 @@ class ClosedLoop(threading.Thread):
     recording (time sent, latency in seconds or None for a failure) per request in `outcomes`
     until `drain` takes them (a long run drains, so that the list does not grow without bound).
 
+    The request is built once from the model's metadata (random values, tritonstack.signature).
     A failed request is followed by a short pause, so a server that is down is not spun on.
     """
 
     def __init__(self, url: str, model: str, timeout: float = 30.0, rows: int = 1, seed: int = 0):
         super().__init__(daemon=True)
-        self.url, self.model, self.timeout = url, model, timeout
-        self.features = np.random.default_rng(seed).standard_normal((rows, FEATURES))
+        self.url, self.model, self.timeout, self.rows = url, model, timeout, rows
+        self.signature = fetch_signature(url, model)
+        self.arrays = self.signature.random_inputs(rows, np.random.default_rng(seed))
         self.halt = threading.Event()
         self.lock = threading.Lock()
         self.outcomes: list[tuple[float, float | None]] = []
@@ -123,13 +202,16 @@ class ClosedLoop(threading.Thread):
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(self.url, network_timeout=self.timeout)
-        tensor = httpclient.InferInput(INPUT_NAME, list(self.features.shape), INPUT_DATATYPE)
-        tensor.set_data_from_numpy(self.features.astype(np.float32))
+        tensors = []
+        for tensor in self.signature.inputs:
+            array = self.arrays[tensor.name]
+            tensors.append(httpclient.InferInput(tensor.name, list(array.shape), tensor.datatype))
+            tensors[-1].set_data_from_numpy(array)
         while not self.halt.is_set():
             sent_at = time.monotonic()
             started = time.perf_counter()
             try:
-                client.infer(self.model, [tensor])
+                client.infer(self.model, tensors)
                 latency = time.perf_counter() - started
             except Exception:
                 latency = None

@@ -17,11 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonstack.contract import FEATURES, INPUT_NAME, MODEL_OUTPUTS
-
-HIDDEN = 64
+#: The demo classifier this trainer makes, as model_repository/classifier/config.pbtxt declares
+#: it (tests/unit/test_export.py holds the two equal): a 128-dim FP32 embedding in, two class
+#: probabilities out.
+INPUT_NAME = "features"
+FEATURES = 128
+OUTPUT_NAME = "class"
 CLASSES = 2
-(OUTPUT_NAME,) = MODEL_OUTPUTS["classifier"]
+HIDDEN = 64
 OPSET = 17
 SEED = 20261202
 MIN_ACCURACY = 0.95

@@ -18,14 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from tritonstack.contract import (
-    HTTP_PORT,
-    LLM_DEFAULT_MAX_TOKENS,
-    LLM_MAX_TOKENS,
-    LLM_MODEL,
-    LOOPBACK,
-)
+from tritonstack.contract import HTTP_PORT, LLM_MODEL, LOOPBACK
 from tritonstack.errors import UserError
+from tritonstack.streaming import DEFAULT_MAX_TOKENS, AnswerError, parse_event
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -39,9 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-tokens",
         type=int,
-        default=LLM_DEFAULT_MAX_TOKENS,
-        help=f"most tokens to generate (default: {LLM_DEFAULT_MAX_TOKENS}; the gateway allows "
-        f"1-{LLM_MAX_TOKENS})",
+        default=DEFAULT_MAX_TOKENS,
+        help=f"most tokens to generate (default: {DEFAULT_MAX_TOKENS}; the gateway allows up to "
+        "stack.env's GATEWAY_LLM_MAX_TOKENS)",
     )
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
@@ -87,18 +82,13 @@ def request_body(args: argparse.Namespace) -> dict:
 
 def iter_events(response: http.client.HTTPResponse) -> Iterator[dict]:
     """The JSON payload of each server-sent event (`data: {...}` lines, blank-line separated)."""
-    for raw in response:
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        if not line.startswith("data:"):
-            continue
-        payload = line[len("data:") :].strip()
+    for number, raw in enumerate(response, 1):
         try:
-            event = json.loads(payload)
-        except json.JSONDecodeError:
-            raise UserError(f"the server sent an event that is not JSON: {payload[:200]}") from None
-        if "error" in event:
-            raise UserError(f"the server stopped the stream: {event['error']}")
-        yield event
+            event = parse_event(raw, number)
+        except AnswerError as exc:
+            raise UserError(str(exc)) from None
+        if event is not None:
+            yield event
 
 
 def _error_message(status: int, body: bytes) -> str:

@@ -31,18 +31,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonstack.contract import (
-    GRPC_PORT,
-    HTTP_PORT,
-    LLM_DEFAULT_MAX_TOKENS,
-    LLM_MAX_TOKENS,
-    LLM_MODEL,
-    LOOPBACK,
-    MAX_BATCH_SIZE,
-    PUBLIC_MODELS,
-)
+from tritonstack.contract import GRPC_PORT, HTTP_PORT, LLM_MODEL, LOOPBACK
 from tritonstack.errors import UserError
 from tritonstack.project import project_dir
+from tritonstack.streaming import DEFAULT_MAX_TOKENS as LLM_DEFAULT_MAX_TOKENS
 
 LOADTEST_DIR = project_dir() / "loadtest"
 LOCUSTFILE = LOADTEST_DIR / "locustfile.py"
@@ -112,6 +104,7 @@ def locust_command(
     max_p99_ms: float | None,
     max_fail_ratio: float | None,
     api_key_file: Path | None = None,
+    input_file: Path | None = None,
     max_tokens: int = LLM_DEFAULT_MAX_TOKENS,
     stop_at_eos: bool = False,
     max_ttft_p99_ms: float | None = None,
@@ -125,6 +118,8 @@ def locust_command(
     else:
         target = ["--grpc-host", grpc_url, "--model", model, "--user-type", user_type]
         target += ["--rows", str(rows)]
+        if input_file is not None:
+            target += ["--input-file", str(Path(input_file).resolve())]
     command = [
         sys.executable, "-m", "locust",
         "-f", str(LOCUSTFILE), "--config", str(LOCUST_CONF),
@@ -156,7 +151,7 @@ def run_headless(
     *,
     http_url: str,
     grpc_url: str,
-    model: str = "pipeline",
+    model: str | None = None,
     user_type: str = "http_json",
     users: int = 16,
     spawn_rate: float = 16,
@@ -168,6 +163,7 @@ def run_headless(
     max_p99_ms: float | None = None,
     max_fail_ratio: float | None = None,
     api_key_file: Path | None = None,
+    input_file: Path | None = None,
     max_tokens: int = LLM_DEFAULT_MAX_TOKENS,
     stop_at_eos: bool = False,
     max_ttft_p99_ms: float | None = None,
@@ -175,7 +171,8 @@ def run_headless(
 ) -> LoadtestResult:
     """Run Locust headless against a running Triton and return its totals.
 
-    `http_url` / `grpc_url` are "host:port" (the style of EmbeddedTriton.http_url). With
+    `http_url` / `grpc_url` are "host:port" (the style of EmbeddedTriton.http_url); `model`
+    defaults to the first public model (stack.env), `input_file` to random inputs. With
     `user_type` LLM_USER_TYPE the users stream generations of `max_tokens` tokens from the LLM
     (exactly that many unless `stop_at_eos`), and the result has its TTFT and ITL. With
     `metrics_port`, the exporter serves http://127.0.0.1:<metrics_port>/metrics while the run
@@ -189,6 +186,10 @@ def run_headless(
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
     env["LOCUST_METRICS_PORT"] = str(metrics_port or 0)
     env["LOCUST_METRICS_ADDR"] = LOOPBACK
+    if model is None:
+        from tritonstack.settings import load
+
+        model = load().default_model
     command = locust_command(
         http_url=http_url,
         grpc_url=grpc_url,
@@ -203,6 +204,7 @@ def run_headless(
         max_p99_ms=max_p99_ms,
         max_fail_ratio=max_fail_ratio,
         api_key_file=api_key_file,
+        input_file=input_file,
         max_tokens=max_tokens,
         stop_at_eos=stop_at_eos,
         max_ttft_p99_ms=max_ttft_p99_ms,
@@ -269,9 +271,10 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def check_rows(value: str) -> str:
-    if value != "mix" and not (value.isdigit() and 1 <= int(value) <= MAX_BATCH_SIZE):
-        raise UserError(f"--rows {value!r}: use an integer from 1 to {MAX_BATCH_SIZE}, or mix")
+def check_rows(value: str, max_rows: int) -> str:
+    """`--rows` against the model's max_batch_size (1 for a model without batching)."""
+    if value != "mix" and not (value.isdigit() and 1 <= int(value) <= max_rows):
+        raise UserError(f"--rows {value!r}: use an integer from 1 to {max_rows}, or mix")
     return value
 
 
@@ -288,31 +291,55 @@ def read_api_key(path: Path | None) -> str | None:
     return key
 
 
-def check_reachable(http_url: str, model: str, api_key: str | None = None) -> None:
-    """One clear line instead of a run where every request fails to connect."""
-    url = f"http://{http_url.removeprefix('http://')}/v2/models/{model}/ready"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5):
-            return
-    except urllib.error.HTTPError as exc:
-        if exc.code == 401:
-            raise UserError(
-                f"the gateway at {http_url} wants an API key: pass --api-key-file FILE"
-                + (" (this one was refused)" if api_key else "")
-            ) from None
-        raise UserError(f"model {model!r} is not ready at {http_url} (HTTP {exc.code})") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        serve, up = ("serve --llm", "--profile llm up") if model == LLM_MODEL else ("serve", "up")
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def explain_unauthorized(http_url: str, api_key: str | None, exc: Exception) -> None:
+    """One line for a gateway that wants a key, instead of a run where every request fails."""
+    if "HTTP 401" in str(exc):
         raise UserError(
-            f"cannot reach Triton at {http_url} ({reason}); "
-            f"start it with `tritonstack {serve}` or `docker compose {up}`"
+            f"the gateway at {http_url} wants an API key: pass --api-key-file FILE"
+            + (" (this one was refused)" if api_key else "")
         ) from None
 
 
+def check_llm_reachable(http_url: str, api_key: str | None = None) -> None:
+    """One clear line instead of a run where every request fails to connect."""
+    url = f"http://{http_url.removeprefix('http://')}/v2/models/{LLM_MODEL}/ready"
+    try:
+        request = urllib.request.Request(url, headers=auth_headers(api_key))
+        with urllib.request.urlopen(request, timeout=5):
+            return
+    except urllib.error.HTTPError as exc:
+        explain_unauthorized(http_url, api_key, Exception(f"HTTP {exc.code}"))
+        raise UserError(f"{LLM_MODEL} is not ready at {http_url} (HTTP {exc.code})") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(
+            f"cannot reach Triton at {http_url} ({reason}); "
+            "start it with `tritonstack serve --llm` or `docker compose --profile llm up`"
+        ) from None
+
+
+def model_signature(http_url: str, model: str, api_key: str | None):
+    """The model's signature, asked of the server before Locust starts: a model the server
+    does not serve, a gateway that wants a key or a server that is down is one line here."""
+    from tritonstack.signature import fetch
+
+    try:
+        return fetch(http_url.removeprefix("http://"), model, auth_headers(api_key))
+    except UserError as exc:
+        explain_unauthorized(http_url, api_key, exc)
+        raise
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=PUBLIC_MODELS, default="pipeline")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="the model to call (default: the first of stack.env's PUBLIC_MODELS)",
+    )
     parser.add_argument("--user-type", choices=USER_TYPES, default="http_json")
     parser.add_argument("--users", type=int, default=32, help="peak concurrent users (default 32)")
     parser.add_argument(
@@ -320,7 +347,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", default="30s", help="e.g. 30s, 5m (default 30s)")
     parser.add_argument(
-        "--rows", default="1", help=f"embeddings per request: 1-{MAX_BATCH_SIZE} or mix"
+        "--rows", default="1", help="rows per request: 1 to the model's max_batch_size, or mix"
+    )
+    parser.add_argument(
+        "--input",
+        type=Path,
+        default=None,
+        help="a .npy (one-input models) or .npz (an array per input name) to draw rows from "
+        "(default: random values: floats in [-1, 1], integers 0-9)",
     )
     parser.add_argument("--shape", choices=SHAPES, default=None, help="default: constant load")
     parser.add_argument("--host", default=f"{LOOPBACK}:{HTTP_PORT}", help="Triton HTTP host:port")
@@ -350,7 +384,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-tokens",
         type=int,
         default=LLM_DEFAULT_MAX_TOKENS,
-        help=f"tokens per answer, 1-{LLM_MAX_TOKENS} (default {LLM_DEFAULT_MAX_TOKENS})",
+        help=f"tokens per answer (default {LLM_DEFAULT_MAX_TOKENS}; the gateway allows up to "
+        "stack.env's GATEWAY_LLM_MAX_TOKENS)",
     )
     llm.add_argument(
         "--stop-at-eos",
@@ -380,13 +415,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     duration_s = parse_duration(args.duration)
-    rows = check_rows(args.rows)
     if args.users < 1:
         raise UserError(f"--users {args.users}: at least 1")
     if args.max_fail_ratio is not None and not 0 <= args.max_fail_ratio <= 1:
         raise UserError(f"--max-fail-ratio {args.max_fail_ratio:g}: a ratio from 0 to 1")
-    if not 1 <= args.max_tokens <= LLM_MAX_TOKENS:
-        raise UserError(f"--max-tokens {args.max_tokens}: from 1 to {LLM_MAX_TOKENS}")
+    if args.llm:
+        from tritonstack.settings import load
+
+        highest = load().GATEWAY_LLM_MAX_TOKENS
+        if not 1 <= args.max_tokens <= highest:
+            raise UserError(
+                f"--max-tokens {args.max_tokens}: from 1 to {highest} (stack.env's "
+                "GATEWAY_LLM_MAX_TOKENS, what the gateway allows)"
+            )
     llm_only = {"--max-ttft-p99-ms": args.max_ttft_p99_ms, "--max-itl-p99-ms": args.max_itl_p99_ms}
     if not args.llm and any(value is not None for value in llm_only.values()):
         named = ", ".join(name for name, value in llm_only.items() if value is not None)
@@ -394,13 +435,23 @@ def run(args: argparse.Namespace) -> int:
     host = args.host.removeprefix("http://")
     grpc_host = args.grpc_host or f"{host.rsplit(':', 1)[0]}:{GRPC_PORT}"
     results = args.results or Path("results") / time.strftime("loadtest-%Y%m%d-%H%M%S")
-    model = LLM_MODEL if args.llm else args.model
-    check_reachable(host, model, read_api_key(args.api_key_file))
-    what = (
-        f"{LLM_MODEL} generate_stream, {args.users} users, {args.max_tokens} tokens per answer"
-        if args.llm
-        else f"{args.model}, {args.user_type}, {args.users} users, rows {rows}"
-    )
+    api_key = read_api_key(args.api_key_file)
+    rows = args.rows
+    if args.llm:
+        check_llm_reachable(host, api_key)
+        what = (
+            f"{LLM_MODEL} generate_stream, {args.users} users, {args.max_tokens} tokens per answer"
+        )
+    else:
+        from tritonstack.settings import load
+        from tritonstack.signature import load_arrays
+
+        args.model = args.model or load().default_model
+        signature = model_signature(host, args.model, api_key)
+        rows = check_rows(args.rows, signature.max_rows)
+        if args.input is not None:
+            load_arrays(args.input, signature)  # a bad file is one line here, not a failed run
+        what = f"{args.model}, {args.user_type}, {args.users} users, rows {rows}"
     print(
         f"loadtest: {what}, {args.shape or 'constant'} for {duration_s:g} s against {host}",
         flush=True,
@@ -420,6 +471,7 @@ def run(args: argparse.Namespace) -> int:
         max_p99_ms=args.max_p99_ms,
         max_fail_ratio=args.max_fail_ratio,
         api_key_file=args.api_key_file,
+        input_file=args.input,
         max_tokens=args.max_tokens,
         stop_at_eos=args.stop_at_eos,
         max_ttft_p99_ms=args.max_ttft_p99_ms,

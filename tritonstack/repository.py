@@ -49,6 +49,32 @@ class Model:
         gpu = model_config_pb2.ModelInstanceGroup.Kind.KIND_GPU
         return self.kind == "tensorrt" or any(g.kind == gpu for g in self.config.instance_group)
 
+    def description(self) -> tuple[dict, dict]:
+        """The model as Triton's metadata and /config answers describe it (JSON), from its
+        config.pbtxt: what a client reading the repository instead of a server sees."""
+        config = self.config
+        batched = config.max_batch_size > 0
+
+        def tensors(entries) -> list[dict]:
+            return [
+                {
+                    "name": t.name,
+                    "datatype": model_config_pb2.DataType.Name(t.data_type)
+                    .removeprefix("TYPE_")
+                    .replace("STRING", "BYTES"),
+                    "shape": [-1, *t.dims] if batched else list(t.dims),
+                }
+                for t in entries
+            ]
+
+        metadata = {
+            "name": self.name,
+            "inputs": tensors(config.input),
+            "outputs": tensors(config.output),
+        }
+        outputs = [{"name": o.name, "label_filename": o.label_filename} for o in config.output]
+        return metadata, {"max_batch_size": config.max_batch_size, "output": outputs}
+
     def parameter(self, key: str) -> str | None:
         value = self.config.parameters.get(key)
         return value.string_value if value is not None else None

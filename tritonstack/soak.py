@@ -3,7 +3,8 @@
 Memory growth, shared-memory leaks and creeping latency only show over time, so this samples
 the server (Triton plus every Python stub: RSS, this server's /dev/shm regions) and the clients
 (latency percentiles, throughput, errors) at a fixed interval while a constant number of
-clients sends batch-1 requests through `pipeline`. It writes soak.csv, soak.png and soak.md.
+clients sends batch-1 requests to one model (default: the first public one, stack.env). It
+writes soak.csv, soak.png and soak.md.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
     parser.add_argument(
-        "--model", default="pipeline", choices=["classifier", "pipeline", "classify"]
+        "--model", default=None, help="default: the first of stack.env's PUBLIC_MODELS"
     )
     parser.add_argument("--out", type=Path, default=Path("results/soak"), help="report folder")
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
@@ -175,8 +176,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.minutes <= 0 or args.clients < 1 or args.interval <= 0:
         raise UserError("--minutes, --clients and --interval must be positive")
+    from tritonstack.settings import load
+
+    model = args.model or load().default_model
     samples = soak(
-        args.minutes, args.clients, args.interval, args.model, args.out, args.model_repository
+        args.minutes, args.clients, args.interval, model, args.out, args.model_repository
     )
     errors = sum(s.errors for s in samples)
     print(f"report: {args.out / 'soak.md'} ({len(samples)} samples, {errors} errors)")

@@ -39,6 +39,7 @@ from tritonstack.contract import (
 from tritonstack.errors import UserError
 from tritonstack.loadtest import LLM_USER_TYPE
 from tritonstack.project import project_dir
+from tritonstack.settings import load
 
 ROOT = project_dir()
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
@@ -183,6 +184,8 @@ def locust_child(args: argparse.Namespace, logs: Path) -> Child:
     env = dict(os.environ)
     env["LOCUST_METRICS_ADDR"] = ADDRESS
     env["LOCUST_METRICS_PORT"] = str(args.locust_metrics_port)
+    # The models the form offers, the first by default, as compose passes stack.env to Locust.
+    env["PUBLIC_MODELS"] = " ".join(load().public_models)
     return Child("locust", command, logs / "locust.log", env=env, cwd=ROOT)
 
 

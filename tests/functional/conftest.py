@@ -16,7 +16,6 @@ import pytest
 from tests.standins.build import build as build_standins
 from tests.standins.engine import PrivateEngine, missing_tools
 from tests.support import IN_CI, LLM_REPOSITORY, REPOSITORY, require_tool
-from tritonstack import contract
 from tritonstack.gateway import Gateway
 from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
 
@@ -106,7 +105,7 @@ def reference():
     session = ort.InferenceSession(
         str(REPOSITORY / "classifier" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
     )
-    labels = np.array((REPOSITORY / contract.LABELS_FILE).read_text().split("\n")[:2])
+    labels = np.array((REPOSITORY / "postprocess" / "labels.txt").read_text().split("\n")[:2])
 
     def run(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         probabilities = session.run(["class"], {"features": features})[0]

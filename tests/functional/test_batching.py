@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from bench.loadgen import Generator, Target
+from bench.runner import model_signatures
 from bench.servers import start_triton
 from bench.variants import write_variant
 from tests.support import require_tool
@@ -34,7 +35,7 @@ def test_concurrent_requests_are_batched(triton, tmp_path):
     url = f"http://{triton.http_url}/v2/models/classifier/infer"
     target = Target("http-json", url, "classifier")
     inferences_before, executions_before = counters(triton)
-    result = Generator(tmp_path).run(target, CONNECTIONS, SECONDS)
+    result = Generator(tmp_path, model_signatures()).run(target, CONNECTIONS, SECONDS)
     inferences_after, executions_after = counters(triton)
 
     assert result.errors == 0 and result.requests > 1000, result
@@ -69,7 +70,7 @@ def test_upstream_pin_a_queue_policy_stalls_the_batcher_500_ms(tmp_path):
     machine depends on everything else running.
     """
     require_tool("wrk")
-    generator = Generator(tmp_path / "load")
+    generator = Generator(tmp_path / "load", model_signatures())
 
     def windows(variant: str, most: int, until_stall: bool) -> list:
         repository = write_variant(DEFAULT_MODEL_REPOSITORY, tmp_path / variant, variant)
@@ -145,7 +146,7 @@ def stall_free_server(request, tmp_path_factory):
 @pytest.mark.parametrize("model", STALL_MODELS)
 def test_no_batcher_stall_under_closed_loop_load(stall_free_server, model, connections, tmp_path):
     require_tool("wrk")
-    generator = Generator(tmp_path)
+    generator = Generator(tmp_path, model_signatures())
     target = Target("http-json", stall_free_server.url("http-json", model), model)
     generator.run(target, connections, 1)  # warm-up: first batches, stubs' imports paged in
     runs = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -9,17 +11,25 @@ from tests.unit.test_cli import assert_one_line_error, run
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("model", ["classifier", "pipeline", "classify"])
-def test_infer_prints_labels_and_scores(triton, protocol, model):
+@pytest.mark.parametrize(
+    ("model", "columns"),
+    [("classifier", ["class"]), ("pipeline", ["label", "class"]), ("classify", ["label", "score"])],
+)
+def test_infer_prints_every_output_of_the_model(triton, protocol, model, columns):
+    """The columns are the model's outputs as its metadata lists them; a vector is a list."""
     url = triton.http_url if protocol == "http" else triton.grpc_url
     result = run("infer", "--url", url, "--protocol", protocol, "--model", model, "--rows", "6")
     assert result.returncode == 0, result.stderr
-    rows = result.stdout.strip().splitlines()[1:]
+    header, *rows = result.stdout.strip().splitlines()
+    assert header.split() == ["row", *columns]
     assert len(rows) == 6
     for row in rows:
-        _row, *label, score = row.split()
-        assert " ".join(label) in {"relevant", "not relevant"}
-        assert 0.5 <= float(score) <= 1.0
+        cells = dict(zip(columns, re.split(r"\s{2,}", row.strip())[1:], strict=True))
+        if "label" in cells:
+            assert cells["label"] in {"relevant", "not relevant"}, row
+        if "class" in cells:
+            scores = [float(v) for v in cells["class"].strip("[]").split(",")]
+            assert len(scores) == 2 and abs(sum(scores) - 1) < 1e-3, row
 
 
 def test_infer_reads_embeddings_from_npy(triton, tmp_path):
@@ -32,4 +42,20 @@ def test_infer_reads_embeddings_from_npy(triton, tmp_path):
 
 def test_infer_batch_above_limit_is_one_line(triton):
     result = run("infer", "--url", triton.http_url, "--rows", "65")
-    assert_one_line_error(result, "batch-size must be <= 64")
+    assert_one_line_error(
+        result, "pipeline takes 1 to 64 (max_batch_size) rows per request, not 65"
+    )
+
+
+def test_infer_rejects_wrongly_shaped_npy(triton, tmp_path):
+    path = tmp_path / "bad.npy"
+    np.save(path, np.ones((2, 64), np.float32))
+    result = run("infer", "--url", triton.http_url, "--input", str(path))
+    assert_one_line_error(result, "input features has shape [2, 64]; pipeline takes ['rows', 128]")
+
+
+def test_infer_rejects_a_file_that_is_not_npy(triton, tmp_path):
+    path = tmp_path / "bad.npy"
+    path.write_text("not numpy")
+    result = run("infer", "--url", triton.http_url, "--input", str(path))
+    assert_one_line_error(result, "cannot read a .npy or .npz file")

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -130,9 +131,10 @@ def test_user_type_runs_clean_batches_and_feeds_the_exporter(triton, tmp_path, u
 
 @pytest.mark.parametrize("user_type", ["http_json", "http_binary", "grpc"])
 def test_wrong_answers_fail_and_fail_the_gate(triton, tmp_path, user_type):
-    """Validation is real: with labels the server never returns, every request fails."""
-    labels = tmp_path / "labels.txt"
-    labels.write_text("cat\ndog\n")
+    """Validation is real: rows of NaN (from --input-file) make the classifier answer NaN
+    probabilities, which no answer the metadata promises may hold: every request fails."""
+    rows = tmp_path / "nan.npy"
+    np.save(rows, np.full((8, 128), np.nan, np.float32))
     command = locust_command(
         http_url=triton.http_url,
         grpc_url=triton.grpc_url,
@@ -146,16 +148,12 @@ def test_wrong_answers_fail_and_fail_the_gate(triton, tmp_path, user_type):
         shape=None,
         max_p99_ms=None,
         max_fail_ratio=0.01,
+        input_file=rows,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
     env["LOCUST_METRICS_PORT"] = "0"
     result = subprocess.run(
-        [*command, "--labels-file", str(labels)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env=env,
+        command, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
     )
     assert result.returncode == gates.GATE_FAILED_EXIT_CODE, result.stderr[-3000:]
     verdict = json.loads((tmp_path / "verdict.json").read_text())
@@ -164,7 +162,7 @@ def test_wrong_answers_fail_and_fail_the_gate(triton, tmp_path, user_type):
     assert "gate failed: fail ratio 1.0000 > --max-fail-ratio 0.01" in result.stderr
     with open(tmp_path / "locust_failures.csv") as f:
         errors = [row["Error"] for row in csv.DictReader(f)]
-    unexpected = [e for e in errors if "not in the labels file ['cat', 'dog']" not in e]
+    unexpected = [e for e in errors if "output class holds values that are not finite" not in e]
     assert errors and not unexpected, unexpected
 
 

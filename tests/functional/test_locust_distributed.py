@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -48,9 +49,24 @@ def image_python(tmp_path_factory) -> Path:
     return python
 
 
-def locust_env() -> dict[str, str]:
+@pytest.fixture(scope="session")
+def image_lib(tmp_path_factory) -> Path:
+    """The tritonstack package as Dockerfile.locust copies it: on PYTHONPATH, nothing else of
+    the checkout beside it."""
+    lib = tmp_path_factory.mktemp("locust-lib")
+    shutil.copytree(ROOT / "tritonstack", lib / "tritonstack", ignore=shutil.ignore_patterns(
+        "__pycache__"))  # fmt: skip
+    dockerfile = (ROOT / "Dockerfile.locust").read_text()
+    assert "COPY tritonstack /opt/tritonstack/lib/tritonstack" in dockerfile
+    assert "ENV PYTHONPATH=/opt/tritonstack/lib" in dockerfile
+    return lib
+
+
+def locust_env(lib: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
     env["LOCUST_METRICS_PORT"] = "0"  # no exporter endpoint: both processes would want 9646
+    if lib is not None:
+        env["PYTHONPATH"] = str(lib)
     return env
 
 
@@ -66,7 +82,7 @@ def test_locust_versions_agree(image_python: Path) -> None:
 
 
 def run_master_and_worker(
-    image_python: Path, tmp_path: Path, host: str, options: list[str]
+    image_python: Path, tmp_path: Path, host: str, options: list[str], lib: Path
 ) -> list[dict]:
     """A master and a worker as compose starts them, for RUN_S seconds with 4 users: the master's
     statistics rows (but the aggregate), once both exited 0 with no traceback, no failure and no
@@ -91,7 +107,7 @@ def run_master_and_worker(
             with open(logs[name], "wb") as log:
                 # cwd: Locust also reads ./locust.conf; the test's folder has none
                 processes[name] = subprocess.Popen(
-                    command, cwd=tmp_path, env=locust_env(), stdout=log, stderr=subprocess.STDOUT
+                    command, cwd=tmp_path, env=locust_env(lib), stdout=log, stderr=subprocess.STDOUT
                 )
         codes = {name: process.wait(timeout=RUN_S + 120) for name, process in processes.items()}
     finally:
@@ -112,11 +128,14 @@ def run_master_and_worker(
 
 
 @pytest.mark.parametrize(("user_type", "model"), CASES)
-def test_master_and_worker(triton, image_python: Path, tmp_path: Path, user_type, model) -> None:
+def test_master_and_worker(
+    triton, image_python: Path, image_lib: Path, tmp_path: Path, user_type, model
+) -> None:
     rows = run_master_and_worker(
         image_python, tmp_path, f"http://{triton.http_url}",
         # compose derives the gRPC address from --host (port 8001); here only the port differs
         ["--grpc-port", str(triton.grpc_port), "--user-type", user_type, "--model", model],
+        image_lib,
     )  # fmt: skip
     for row in rows:  # the master's statistics are the worker's reports
         assert row["Type"] == REQUEST_TYPES[user_type]
@@ -124,12 +143,14 @@ def test_master_and_worker(triton, image_python: Path, tmp_path: Path, user_type
     assert sum(int(r["Request Count"]) for r in rows) > 0
 
 
-def test_master_and_worker_stream_the_llm(llm_triton, image_python: Path, tmp_path: Path) -> None:
+def test_master_and_worker_stream_the_llm(
+    llm_triton, image_python: Path, image_lib: Path, tmp_path: Path
+) -> None:
     """The LLM's user on a worker: its answers and their time to first token and inter-token
     gaps reach the master as rows of their own."""
     rows = run_master_and_worker(
         image_python, tmp_path, f"http://{llm_triton.http_url}",
-        ["--user-type", "llm_stream", "--max-tokens", "16"],
+        ["--user-type", "llm_stream", "--max-tokens", "16"], image_lib,
     )  # fmt: skip
     counts = {row["Type"]: int(row["Request Count"]) for row in rows}
     assert set(counts) == {"POST", "TTFT", "ITL"}, rows

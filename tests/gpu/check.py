@@ -40,7 +40,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tritonstack.contract import FEATURES, LABELS_FILE, MODEL_OUTPUTS  # noqa: E402
+#: The demo this check serves: its public models (stack.env), the classifier's width and the
+#: labels postprocess and classify read, as the demo's own files declare them.
+MODEL_OUTPUTS = {
+    "classifier": ("class",),
+    "pipeline": ("label", "class"),
+    "classify": ("label", "score"),
+}
+FEATURES = 128
+LABELS_FILE = "postprocess/labels.txt"
 
 HERE = Path(__file__).resolve().parent
 PROBE = "output_memory_probe"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bench import explain, llm, llm_loadgen, llm_report, report, results
-from bench.loadgen import binary_body, features, json_body
+from bench.loadgen import binary_body, grpc_body, inputs, json_body
 from bench.profile import StubProfile, parse_raw
 from bench.runner import Progress, main
 from bench.scenarios import (
@@ -112,17 +112,44 @@ def test_ratio_targets():
 # -- request bodies --------------------------------------------------------------------------
 
 
-def test_request_bodies_carry_one_row_of_128_floats():
-    data = features()
-    body = json.loads(json_body(data))
+def test_request_bodies_are_one_row_shaped_as_each_models_config_says():
+    from bench.runner import model_signatures
+    from tritonstack.repository import Model
+    from tritonstack.signature import Signature
+
+    signatures = model_signatures()
+    assert set(signatures) == {"classifier", "postprocess", "pipeline", "classify"}
+    classifier = signatures["classifier"]
+    data = inputs(classifier)
+    body = json.loads(json_body(classifier, data))
     assert body["inputs"][0]["shape"] == [1, 128] and len(body["inputs"][0]["data"]) == 128
     assert "outputs" not in body
-    classification = json.loads(json_body(data, classification=True))
+    classification = json.loads(json_body(classifier, data, classification=True))
     assert classification["outputs"] == [{"name": "class", "parameters": {"classification": 1}}]
-    binary, header_length = binary_body(data)
+    binary, header_length = binary_body(classifier, data)
     header = json.loads(binary[:header_length])
     assert header["inputs"][0]["parameters"]["binary_data_size"] == 512
     assert len(binary) == header_length + 512
+    # Any model: a two-input one with an INT64 input, as its config declares it.
+    config = (
+        'name: "ranker" platform: "onnxruntime_onnx" max_batch_size: 8 '
+        'input [ { name: "query" data_type: TYPE_FP32 dims: [ 3 ] }, '
+        '{ name: "bucket" data_type: TYPE_INT64 dims: [ 2 ] } ] '
+        'output [ { name: "probs" data_type: TYPE_FP32 dims: [ 3 ] } ]'
+    )
+    ranker = Signature.from_model(Model(Path("ranker"), parse_config_text(config)))
+    data = inputs(ranker)
+    assert data["bucket"].dtype == np.int64 and data["bucket"].shape == (1, 2)
+    binary, header_length = binary_body(ranker, data)
+    assert len(binary) == header_length + 3 * 4 + 2 * 8
+    assert grpc_body(ranker, data)  # a ModelInferRequest with both tensors
+
+
+def parse_config_text(text: str):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
 
 
 # -- repository variants ---------------------------------------------------------------------

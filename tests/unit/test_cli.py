@@ -7,7 +7,6 @@ import subprocess
 import sys
 from importlib.metadata import packages_distributions, requires
 
-import numpy as np
 import pytest
 
 from tritonstack.errors import EXTRAS, INSTALL
@@ -37,18 +36,6 @@ def test_infer_without_a_server_is_one_line(protocol):
     (port,) = free_ports(1)
     result = run("infer", "--url", f"127.0.0.1:{port}", "--protocol", protocol)
     assert_one_line_error(result, f"cannot reach Triton at 127.0.0.1:{port}")
-
-
-def test_infer_rejects_wrongly_shaped_npy(tmp_path):
-    path = tmp_path / "bad.npy"
-    np.save(path, np.ones((2, 64), np.float32))
-    assert_one_line_error(run("infer", "--input", str(path)), "shape [rows, 128], got [2, 64]")
-
-
-def test_infer_rejects_a_file_that_is_not_npy(tmp_path):
-    path = tmp_path / "bad.npy"
-    path.write_text("not numpy")
-    assert_one_line_error(run("infer", "--input", str(path)), "cannot read a .npy array")
 
 
 def test_a_command_whose_extra_is_missing_names_the_extra(tmp_path):

@@ -1,8 +1,7 @@
-"""Everything that cannot import tritonstack/contract.py agrees with it.
-
-The Triton image (scripts/), the Locust image (loadtest/), the compose file, the gateway's
-haproxy.cfg and the model configurations spell out ports and the model contract because they
-run where the package is not installed; these tests are what keeps them one fact.
+"""Everything that cannot import tritonstack/contract.py agrees with it: the stack's own ports
+and names, which the entrypoint, the compose file, the images and haproxy.cfg's defaults spell
+out because they run where the package is not. (No model's contract is written anywhere but the
+model repository: clients ask the server.)
 """
 
 from __future__ import annotations
@@ -10,13 +9,10 @@ from __future__ import annotations
 import ast
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from tritonclient.grpc import model_config_pb2
 
 from tests.support import REPOSITORY, ROOT
 from tritonstack import contract
@@ -37,27 +33,8 @@ def module_constants(path: Path) -> dict[str, object]:
 
 #: file -> {its constant: the contract's name for it}, for the files that run without tritonstack.
 WRITTEN_OUT = {
-    "loadtest/users.py": {
-        "INPUT_NAME": "INPUT_NAME",
-        "INPUT_DATATYPE": "INPUT_DATATYPE",
-        "FEATURES": "FEATURES",
-        "MAX_ROWS": "MAX_BATCH_SIZE",
-        "MODEL_OUTPUTS": "MODEL_OUTPUTS",
-        "GRPC_PORT": "GRPC_PORT",
-    },
     "loadtest/exporter.py": {"DEFAULT_PORT": "LOCUST_METRICS_PORT", "DEFAULT_ADDR": "LOOPBACK"},
-    "loadtest/generation.py": {
-        "LLM_MODEL": "LLM_MODEL",
-        "DEFAULT_MAX_TOKENS": "LLM_DEFAULT_MAX_TOKENS",
-        "MAX_TOKENS": "LLM_MAX_TOKENS",
-    },
-    "scripts/healthcheck.py": {
-        "INPUT_NAME": "INPUT_NAME",
-        "INPUT_DATATYPE": "INPUT_DATATYPE",
-        "FEATURES": "FEATURES",
-        "HTTP_PORT": "HTTP_PORT",
-        "LOOPBACK": "LOOPBACK",
-    },
+    "tritonstack/health.py": {"HTTP_PORT": "HTTP_PORT", "LOOPBACK": "LOOPBACK"},
 }
 
 
@@ -70,11 +47,6 @@ def test_files_outside_the_package_write_out_the_contract(path):
     }
 
 
-def test_container_healthcheck_reads_the_contracts_labels():
-    text = (ROOT / "scripts" / "healthcheck.py").read_text()
-    assert f'Path("/opt/tritonstack/model_repository/{contract.LABELS_FILE}")' in text
-
-
 def test_entrypoint_defaults_are_the_contracts():
     text = (ROOT / "scripts" / "entrypoint.sh").read_text()
     defaults = dict(re.findall(r"^(\w+)=\$\{TRITON_\w+_PORT:-(\d+)\}$", text, re.M))
@@ -85,21 +57,6 @@ def test_entrypoint_defaults_are_the_contracts():
     }
     assert f'RESTRICTED_APIS="{contract.RESTRICTED_APIS}"' in text.splitlines()
     assert f"ADMIN_HEADER={contract.ADMIN_HEADER}" in text.splitlines()
-
-
-def test_model_configs_declare_the_contract():
-    configs = {m.name: m.config for m in iter_models(REPOSITORY)}
-    for name, outputs in contract.MODEL_OUTPUTS.items():
-        config = configs[name]
-        assert config.max_batch_size == contract.MAX_BATCH_SIZE, name
-        [tensor] = config.input
-        assert tensor.name == contract.INPUT_NAME, name
-        assert (
-            model_config_pb2.DataType.Name(tensor.data_type) == f"TYPE_{contract.INPUT_DATATYPE}"
-        ), name
-        assert list(tensor.dims) == [contract.FEATURES], name
-        assert set(outputs) <= {output.name for output in config.output}, name
-    assert (REPOSITORY / contract.LABELS_FILE).is_file()
 
 
 def test_both_python_models_run_postprocesss_labels_reader():
@@ -127,24 +84,7 @@ def test_both_python_models_run_postprocesss_labels_reader():
         (REPOSITORY / name / configs[name].parameters["labels_file"].string_value).resolve()
         for name in ("postprocess", "classify")
     }
-    assert files == {(REPOSITORY / contract.LABELS_FILE).resolve()}
-
-
-def test_locust_defaults_to_the_repositorys_labels(tmp_path):
-    """Run from a checkout (`tritonstack loadtest`, `locust -f loadtest/locustfile.py`), Locust
-    checks answers against the labels file the models serve, wherever it is started from.
-    users.py is imported in a child process: Locust monkey-patches the standard library."""
-    code = "import users; print(users.DEFAULT_LABELS_FILE)"
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "loadtest")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert Path(result.stdout.strip()) == (REPOSITORY / contract.LABELS_FILE).resolve()
+    assert files == {(REPOSITORY / "postprocess" / "labels.txt").resolve()}
 
 
 def test_compose_and_images_use_the_contracts_ports():
@@ -155,9 +95,6 @@ def test_compose_and_images_use_the_contracts_ports():
     gateway_env = services["gateway"]["environment"]
     assert gateway_env["TRITON_HTTP_PORT"] == str(contract.HTTP_PORT)
     assert gateway_env["TRITON_GRPC_PORT"] == str(contract.GRPC_PORT)
-    assert gateway_env["GATEWAY_MAX_ROWS"] == str(contract.MAX_BATCH_SIZE)
-    assert gateway_env["GATEWAY_FEATURES"] == str(contract.FEATURES)
-    assert gateway_env["GATEWAY_MODELS"].split("|") == sorted(contract.PUBLIC_MODELS)
     published = {p.rsplit(":", 1)[1] for p in services["gateway"]["ports"]}
     assert published == {str(contract.HTTP_PORT), str(contract.GRPC_PORT)}
     assert [str(p) for p in services["gateway"]["expose"]] == [str(contract.GATEWAY_METRICS_PORT)]
@@ -188,12 +125,3 @@ def test_gateway_config_defaults_are_the_contracts():
         "LLM_HTTP_PORT": str(contract.HTTP_PORT),
         "LLM_GRPC_PORT": str(contract.GRPC_PORT),
     }
-
-
-def test_gateway_config_llm_defaults_are_the_contracts():
-    text = (ROOT / "gateway" / "haproxy.cfg").read_text()
-    defaults = dict(re.findall(r"\$\{(GATEWAY_LLM_\w+)-([^}\"]+)\}", text))
-    assert defaults["GATEWAY_LLM_MODEL"] == contract.LLM_MODEL
-    assert defaults["GATEWAY_LLM_MAX_PROMPT"] == str(contract.LLM_MAX_PROMPT_BYTES)
-    assert defaults["GATEWAY_LLM_MAX_TOKENS"] == str(contract.LLM_MAX_TOKENS)
-    assert defaults["GATEWAY_LLM_STREAMS"] == str(contract.LLM_STREAMS_PER_REPLICA)

@@ -1,5 +1,6 @@
-"""Load testing, the pure parts: the load shapes, the gates, the LLM's streamed answers, and the
-CLI's mistakes as one line. tests/functional/test_loadtest.py runs Locust against the real
+"""Load testing, the pure parts: the load shapes, the gates, the LLM's streamed answers
+(tritonstack.streaming, which Locust's user and `tritonstack generate` share), and the CLI's
+mistakes as one line. tests/functional/test_loadtest.py runs Locust against the real
 server, tests/functional/test_loadtest_llm.py the LLM user against the real vLLM engine."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 from tests.support import ROOT
 from tritonstack import contract
+from tritonstack import streaming as generation
 
 
 def load(name: str):
@@ -29,7 +31,6 @@ def load(name: str):
 
 gates = load("gates")
 shapes = load("shapes")
-generation = load("generation")
 
 
 # --- the files themselves ------------------------------------------------------------------------
@@ -183,7 +184,6 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--rows", "65"], "--rows '65'"),
         (["--duration", "3x"], "--duration '3x'"),
         (["--max-fail-ratio", "2"], "--max-fail-ratio 2"),
         (["--max-ttft-p99-ms", "50"], "--max-ttft-p99-ms: the LLM's gates; add --llm"),

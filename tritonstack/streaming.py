@@ -1,6 +1,9 @@
-"""The LLM's streamed answers, for the Locust user: the request, its server-sent events, the checks.
+"""The LLM's streamed answers: the request, its server-sent events, the checks.
 
-Pure Python (no Locust, no gevent), so the unit tests import it as it is. Triton's generate
+One reading of Triton's server-sent events for every client of the stack: Locust's llm_stream
+user (the Locust image runs this module as it is: standard library only) and `tritonstack
+generate` (`parse_event`). Pure Python (no Locust, no gevent), so the unit tests import it as it
+is. Triton's generate
 extension streams one server-sent event per engine step on /v2/models/llm/generate_stream:
 `data: {"text_output": "<text added since the last event>", ...}`, a blank line between events.
 The request asks for two more outputs per event: `num_output_tokens` (the tokens that event
@@ -17,12 +20,11 @@ import itertools
 import json
 from dataclasses import dataclass, field
 
-# The LLM's name and the clients' token limits. The Locust image installs loadtest/requirements.txt,
-# not the tritonstack package, so these are spelled out here; tests/unit/test_contract.py fails
-# when they differ from tritonstack/contract.py.
-LLM_MODEL = "llm"
+from tritonstack.contract import LLM_MODEL
+
+#: What this project's clients (tritonstack generate, Locust) ask for when told nothing; the
+#: gateway allows up to stack.env's GATEWAY_LLM_MAX_TOKENS.
 DEFAULT_MAX_TOKENS = 256
-MAX_TOKENS = 1024
 ROUTE = f"/v2/models/{LLM_MODEL}/generate_stream"
 #: Prompts sent in turn: short questions of different lengths, as chat users send.
 PROMPTS = (
@@ -64,6 +66,32 @@ def request_body(prompt: str, max_tokens: int, ignore_eos: bool) -> bytes:
     return json.dumps(body).encode()
 
 
+def parse_event(line: bytes | str, number: int = 1) -> dict | None:
+    """The JSON object of one server-sent event line (`data: {...}`); None for any other line
+    (blank lines between events, `:` comments), as the format says. An event that is not a JSON
+    object, or one saying the server stopped the stream, is an AnswerError; `number` names it."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", errors="replace")
+    line = line.rstrip("\r\n")
+    if not line.startswith("data:"):
+        return None
+    return event_object(line[len("data:") :].strip(), f"event {number}")
+
+
+def event_object(payload: str | bytes, name: str = "an event") -> dict:
+    """One event's payload as a JSON object; an AnswerError, with `name`, for anything else or
+    for an event saying the server stopped the stream."""
+    try:
+        event = json.loads(payload)
+    except json.JSONDecodeError:
+        raise AnswerError(f"{name} is not JSON: {payload[:120]!r}") from None
+    if not isinstance(event, dict):
+        raise AnswerError(f"{name} is not a JSON object: {payload[:120]!r}")
+    if "error" in event:
+        raise AnswerError(f"the server stopped the stream: {str(event['error'])[:200]}")
+    return event
+
+
 @dataclass
 class Stream:
     """One answer as it arrives: `feed` each line with its arrival time, then `check`."""
@@ -77,22 +105,10 @@ class Stream:
     token_times: list[float] = field(default_factory=list)
 
     def feed(self, line: bytes | str, now: float) -> None:
-        """One line of the body; `data:` lines are events, anything else (blank lines between
-        events, `:` comments) is skipped as the server-sent events format says."""
-        if isinstance(line, bytes):
-            line = line.decode("utf-8", errors="replace")
-        line = line.rstrip("\r\n")
-        if not line.startswith("data:"):
+        """One line of the body (see `parse_event`)."""
+        event = parse_event(line, self.events + 1)
+        if event is None:
             return
-        payload = line[len("data:") :].strip()
-        try:
-            event = json.loads(payload)
-        except json.JSONDecodeError:
-            raise AnswerError(f"event {self.events + 1} is not JSON: {payload[:120]!r}") from None
-        if not isinstance(event, dict):
-            raise AnswerError(f"event {self.events + 1} is not a JSON object: {payload[:120]!r}")
-        if "error" in event:
-            raise AnswerError(f"the server stopped the stream: {str(event['error'])[:200]}")
         self.events += 1
         text = event.get("text_output")
         if not isinstance(text, str):
