@@ -61,7 +61,7 @@ ADMIN_HEADER=tritonstack-admin-key
 WATCHDOG=${TRITONSTACK_WATCHDOG:-on}
 WATCHDOG_INTERVAL=${TRITONSTACK_WATCHDOG_INTERVAL:-5}
 WATCHDOG_FAILURES=${TRITONSTACK_WATCHDOG_FAILURES:-3}
-WATCHDOG_PROBE=${TRITONSTACK_WATCHDOG_PROBE:-python3 $HOME_DIR/healthcheck.py --url 127.0.0.1:$HTTP_PORT --model pipeline --model classify}
+WATCHDOG_PROBE=${TRITONSTACK_WATCHDOG_PROBE:-python3 $HOME_DIR/healthcheck.py --url 127.0.0.1:$HTTP_PORT}
 # Ready (--strict-readiness: every model loaded and warmed up, so its engines are built).
 READY_PROBE=${TRITONSTACK_READY_PROBE:-python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$HTTP_PORT/v2/health/ready', timeout=2)"}
 

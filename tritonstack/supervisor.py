@@ -10,14 +10,14 @@ So each check, every `interval` seconds, looks in order at:
 1. tritonserver itself: exited means dead;
 2. the stubs recorded when the server became ready (`EmbeddedTriton.dead_stubs`): one that
    exited is dead, whichever instance requests happen to reach;
-3. a real inference through `pipeline` (classifier + postprocess), and a one-token generation
-   from `llm` when it is served (its engine runs in processes of its own), for what processes
-   cannot show: wrong or missing answers, a hung server. Its failure reason is classified
-   (`classify_failure`): Triton's "Stub process ... is not healthy" is dead; a 503 (a queue
-   policy's full queue or timeout, if a user adds one; the committed models have none) means the
+3. real inferences of every public model it serves, built from each model's metadata
+   (tritonstack.health, the container's healthcheck), and a one-token generation from `llm` when
+   it is served (its engine runs in processes of its own), for what processes cannot show: wrong
+   or missing answers, a hung server. A failure's reason is classified (`classify_failure`):
+   Triton's "Stub process ... is not healthy" is dead; a 503 (a queue policy's full queue or
+   timeout, if a user adds one; the committed models have none) or a slow answer means the
    server is alive and shedding load, which a restart would only make worse, so it is not a
-   failure; anything else counts, and `failures_to_restart` consecutive
-   ones restart the server.
+   failure; anything else counts, and `failures_to_restart` consecutive ones restart the server.
 Dead restarts the server at once, which restarts every stub.
 """
 
@@ -30,13 +30,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from tritonstack.contract import FEATURES, INPUT_DATATYPE, INPUT_NAME, LLM_MODEL
+from tritonstack import health
+from tritonstack.contract import LLM_MODEL
 from tritonstack.errors import UserError
 from tritonstack.runtime import EmbeddedTriton
-
-PROBE_MODEL = "pipeline"
 
 
 class Failure(enum.Enum):
@@ -60,40 +57,6 @@ def classify_failure(reason: str) -> Failure:
     if any(answer in reason for answer in BUSY_ANSWERS):
         return Failure.BUSY
     return Failure.BROKEN
-
-
-def deep_probe(
-    http_url: str, timeout: float = 2.0, model: str = PROBE_MODEL, repeat: int = 4
-) -> str | None:
-    """Run `repeat` real 1-row inferences; None when all answered a label, else the reason.
-
-    Several requests, because the models run two instances each: one of them reaching an
-    instance whose stub is dead answers Triton's unambiguous error. Whether any does is luck,
-    which is why the supervisor also watches the stub processes themselves.
-    """
-    import tritonclient.http as httpclient
-
-    try:
-        client = httpclient.InferenceServerClient(
-            http_url, connection_timeout=timeout, network_timeout=timeout
-        )
-    except Exception as exc:
-        return f"cannot connect: {exc}"
-    try:
-        tensor = httpclient.InferInput(INPUT_NAME, [1, FEATURES], INPUT_DATATYPE)
-        tensor.set_data_from_numpy(np.zeros((1, FEATURES), np.float32))
-        for _ in range(repeat):
-            result = client.infer(
-                model, [tensor], outputs=[httpclient.InferRequestedOutput("label")]
-            )
-            label = result.as_numpy("label")
-            if label is None or label.shape != (1, 1):
-                return f"{model} answered without a [1, 1] label"
-        return None
-    except Exception as exc:
-        return " ".join(str(exc).split())[:300]
-    finally:
-        client.close()
 
 
 def llm_probe(http_url: str, timeout: float = 10.0) -> str | None:
@@ -123,6 +86,15 @@ def llm_probe(http_url: str, timeout: float = 10.0) -> str | None:
         return f"{LLM_MODEL}: {exc}"
     finally:
         connection.close()
+
+
+def probed_models(served: list[str]) -> tuple[str, ...]:
+    """The public models (stack.env) a server serves; a repository with none of them (`serve
+    --model-repository`) has every model it serves probed, the LLM aside (probed on its own)."""
+    from tritonstack.settings import load
+
+    public = [m for m in load().public_models if m in served]
+    return tuple(public or [m for m in served if m != LLM_MODEL])
 
 
 @dataclass
@@ -165,6 +137,8 @@ class Restart:
 @dataclass
 class Supervisor:
     server: EmbeddedTriton
+    #: The models the deep probe calls (the public ones the server serves; `serve` passes them).
+    models: tuple[str, ...] = ()
     interval: float = 1.0
     failures_to_restart: int = 2
     probe_timeout: float = 2.0
@@ -176,6 +150,12 @@ class Supervisor:
     log: Callable[[str], None] = print
     restarts: list[Restart] = field(default_factory=list)
     failed: str | None = None
+    #: The probe's requests, built once from each model's metadata.
+    requests: dict = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            self.models = probed_models(self.server.served)
 
     def check(self) -> tuple[Failure, str] | None:
         """One look at the server: None when healthy, else what failed and why."""
@@ -185,8 +165,19 @@ class Supervisor:
         dead = self.server.dead_stubs()
         if dead:
             return Failure.DEAD, f"Python stub exited: {', '.join(dead)}"
-        reason = deep_probe(self.server.http_url, self.probe_timeout)
-        if reason is None and LLM_MODEL in self.server.served:
+        _, busy, dead = health.probe_models(
+            self.server.http_url,
+            self.models,
+            deadline_s=self.probe_timeout * 2,
+            timeout_s=self.probe_timeout,
+            requests=self.requests,
+        )
+        if dead:
+            return classify_failure(dead[0]), dead[0]
+        if busy:
+            return Failure.BUSY, busy[0]
+        reason = None
+        if LLM_MODEL in self.server.served:
             reason = llm_probe(self.server.http_url, self.llm_probe_timeout)
         return None if reason is None else (classify_failure(reason), reason)
 

@@ -464,11 +464,10 @@ def test_watchdog_leaves_a_busy_server_alone(tmp_path: Path) -> None:
     probe counted each 503 and stopped it after two)."""
     import sys
 
-    from tests.unit.test_compose import HEALTHCHECK, FakeBusyTriton
+    from tests.unit.test_health import HEALTHCHECK, StandInTriton
 
-    labels = REPOSITORY / "postprocess" / "labels.txt"
-    probe = f"{sys.executable} {HEALTHCHECK} --url {{}} --labels {labels}"
-    with FakeBusyTriton(503, "Exceeds maximum queue size", good=4) as busy:
+    probe = f"{sys.executable} {HEALTHCHECK} --url {{}} --model ranker"
+    with StandInTriton(503, "Exceeds maximum queue size", good=4) as busy:
         env = {
             "TRITONSTACK_WATCHDOG": "on",
             "TRITONSTACK_WATCHDOG_INTERVAL": "0.2",

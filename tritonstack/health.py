@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Is Triton dead? One real inference per model, built from the model's own metadata.
+
+`/v2/health/ready` stayed 200 while a Python backend stub was dead (Triton before r26.04), so
+this sends each model one row of zeros, shaped and typed as the model's metadata says
+(`GET /v2/models/<model>`, `/config`), asks for every output (outputs with a labels file through
+the classification extension), and requires every output in the answer, of the shape and size
+the metadata promises. Each model is called --repeat times (default 4): the models run two
+instances, and with one instance's stub dead only every other request fails, so a single call
+can pass by luck. Models: --model (repeatable), else $PUBLIC_MODELS, else PUBLIC_MODELS of the
+stack.env beside this file (the image's copy).
+
+Only a dead server fails the check (exit 1, one line per model): no connection (refused, reset),
+an error answer other than load shedding (for example "Stub process ... is not healthy", an
+unknown model), or an answer without what the metadata promises. A busy server passes (exit 0, a
+`busy:` line): 503 (a server shutting down, or a queue policy, if someone adds one, turning
+requests away), or no answer before the deadline. Restarting a server because it is loaded would
+turn load into an outage. The whole check ends within --deadline (default 8 s): Docker counts a
+healthcheck running past its timeout (compose: 10 s) as a failure, so a slow server must be
+called busy before that, not cut off.
+
+Standard library only: the Triton image runs this file as /opt/tritonstack/healthcheck.py (its
+Dockerfile HEALTHCHECK, compose's healthcheck, the entrypoint's watchdog, Kubernetes' probes);
+`tritonstack serve`'s supervisor imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+HTTP_PORT = 8000
+LOOPBACK = "127.0.0.1"
+#: Below compose's and the Dockerfile's healthcheck timeout (10 s), with room for Python's start.
+DEADLINE_S = 8.0
+REQUEST_TIMEOUT_S = 4.0
+REPEAT = 4
+#: Where the image keeps the stack's settings (PUBLIC_MODELS), beside this file.
+STACK_ENV = Path(__file__).resolve().with_name("stack.env")
+# Triton's UNAVAILABLE: shutting down, or a queue policy's full queue or timeout (the committed
+# models have none; a user may add one).
+BUSY_STATUSES = {503}
+# An UNAVAILABLE answer that means a dead stub, not load.
+DEAD_STUB = "is not healthy"
+#: A row of zeros in each KServe datatype.
+ZEROS = {"BOOL": False, "FP16": 0.0, "FP32": 0.0, "FP64": 0.0, "BF16": 0.0}
+
+
+class Dead(Exception):
+    """The server or model cannot answer, whatever the load."""
+
+
+class Busy(Exception):
+    """The server is alive but shedding load or slower than the deadline allows."""
+
+
+class Deadline:
+    """The time left of one check; each request waits at most that long."""
+
+    def __init__(self, seconds: float, per_request: float):
+        self.ends = time.monotonic() + seconds
+        self.per_request = per_request
+
+    def timeout(self) -> float:
+        left = self.ends - time.monotonic()
+        if left <= 0.05:
+            raise Busy("the check's deadline passed with the server still answering")
+        return min(self.per_request, left)
+
+
+def call(url: str, path: str, deadline: Deadline, body: dict | None = None, headers=None) -> dict:
+    """One JSON request to Triton; its answer, or Dead / Busy saying why not."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://{url}{path}",
+        data=data,
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    timeout = deadline.timeout()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace").strip()
+        if exc.code in BUSY_STATUSES and DEAD_STUB not in detail:
+            raise Busy(f"HTTP {exc.code}: {detail}") from None
+        raise Dead(f"HTTP {exc.code} for {path}: {detail}") from None
+    except TimeoutError:
+        raise Busy(f"no answer within {timeout:.1f} s from {url}") from None
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise Busy(f"no answer within {timeout:.1f} s from {url}") from None
+        raise Dead(f"no answer from {url}: {exc.reason}") from None
+    except OSError as exc:  # reset or closed mid-answer
+        raise Dead(f"no answer from {url}: {exc}") from None
+    except ValueError as exc:
+        raise Dead(f"an answer that is not JSON: {exc}") from None
+
+
+def probe_request(metadata: Mapping, config: Mapping) -> tuple[dict, dict[str, int]]:
+    """A one-row request of zeros for the model, and each output's expected number of values."""
+    batched = int(config.get("max_batch_size", 0) or 0) > 0
+    inputs = []
+    for tensor in metadata.get("inputs", []):
+        shape = [max(int(d), 1) for d in tensor["shape"]]  # the batch dim (-1) and any -1 as 1
+        if batched:
+            shape[0] = 1
+        zero = ZEROS.get(tensor["datatype"], 0)
+        inputs.append(
+            {
+                "name": tensor["name"],
+                "shape": shape,
+                "datatype": tensor["datatype"],
+                "data": [zero] * math.prod(shape),
+            }
+        )
+    labelled = {o["name"] for o in config.get("output", []) if o.get("label_filename")}
+    outputs, expected = [], {}
+    for tensor in metadata.get("outputs", []):
+        name = tensor["name"]
+        if name in labelled:  # the top class's "score:index:label", one per row
+            outputs.append({"name": name, "parameters": {"classification": 1}})
+            expected[name] = 1
+        else:
+            outputs.append({"name": name})
+            dims = [int(d) for d in tensor["shape"]]
+            expected[name] = -1 if any(d < 0 for d in dims[batched:]) else math.prod(dims[batched:])
+    return {"inputs": inputs, "outputs": outputs}, expected
+
+
+def check_answer(answer: Mapping, expected: Mapping[str, int]) -> str:
+    """A short summary of a good answer; Dead when an output is missing or of the wrong size."""
+    found = {o.get("name"): o for o in answer.get("outputs", [])}
+    for name, count in expected.items():
+        output = found.get(name)
+        if output is None or not isinstance(output.get("data"), list):
+            raise Dead(f"no {name} in the answer: {json.dumps(answer)[:200]}")
+        if count >= 0 and len(output["data"]) != count:
+            raise Dead(f"{name} holds {len(output['data'])} values, the metadata says {count}")
+    first = next(iter(expected))
+    return f"{first}={str(found[first]['data'][:2])[:60]}"
+
+
+def probe(
+    url: str,
+    model: str,
+    deadline: Deadline,
+    repeat: int = REPEAT,
+    headers=None,
+    requests: dict | None = None,
+) -> str:
+    """`repeat` inferences of `model`; a summary, or Dead / Busy. `requests`: a cache of the
+    requests built from each model's metadata, kept by a caller that probes every second."""
+    base = f"/v2/models/{model}"
+    cached = None if requests is None else requests.get(model)
+    if cached is None:
+        metadata = call(url, base, deadline, headers=headers)
+        config = call(url, f"{base}/config", deadline, headers=headers)
+        cached = probe_request(metadata, config)
+        if not cached[1]:
+            raise Dead(f"{model}'s metadata lists no outputs")
+    body, expected = cached
+    summary = ""
+    try:
+        for _ in range(max(repeat, 1)):
+            summary = check_answer(call(url, f"{base}/infer", deadline, body, headers), expected)
+    except Dead:
+        if requests is not None:
+            requests.pop(model, None)  # a restarted server may serve another version
+        raise
+    if requests is not None:
+        requests[model] = cached
+    return summary
+
+
+def probe_models(
+    url: str,
+    models: Sequence[str],
+    deadline_s: float = DEADLINE_S,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    repeat: int = REPEAT,
+    headers=None,
+    requests: dict | None = None,
+) -> tuple[list[str], list[str], list[str]]:
+    """(healthy, busy, dead) lines, one per model, within one deadline."""
+    deadline = Deadline(deadline_s, timeout_s)
+    healthy, busy, dead = [], [], []
+    for model in models:
+        try:
+            summary = probe(url, model, deadline, repeat, headers, requests)
+            healthy.append(f"healthy: {model}: {summary}")
+        except Busy as exc:
+            busy.append(f"busy: {model}: {exc}")
+        except Dead as exc:
+            dead.append(f"unhealthy: {model}: {exc}")
+    return healthy, busy, dead
+
+
+def public_models(environ: Mapping[str, str] = os.environ, stack_env: Path = STACK_ENV) -> list:
+    """$PUBLIC_MODELS, else the PUBLIC_MODELS line of stack.env beside this file."""
+    value = environ.get("PUBLIC_MODELS", "")
+    if not value and stack_env.is_file():
+        for line in stack_env.read_text().splitlines():
+            key, _, found = line.strip().partition("=")
+            if key == "PUBLIC_MODELS":
+                value = found
+    return value.split()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    port = os.environ.get("TRITON_HTTP_PORT", str(HTTP_PORT))
+    parser.add_argument("--url", default=f"{LOOPBACK}:{port}", help="Triton HTTP host:port")
+    parser.add_argument(
+        "--model",
+        action="append",
+        dest="models",
+        help="model to call (repeatable; default: the public models, $PUBLIC_MODELS or stack.env)",
+    )
+    parser.add_argument("--timeout", type=float, default=REQUEST_TIMEOUT_S, help="per request, s")
+    parser.add_argument(
+        "--deadline", type=float, default=DEADLINE_S, help="the whole check, s (busy past it)"
+    )
+    parser.add_argument("--repeat", type=int, default=REPEAT, help="requests per model (>= 1)")
+    args = parser.parse_args(argv)
+    models = args.models or public_models()
+    if not models:
+        print("error: no model to call: pass --model, or set PUBLIC_MODELS", file=sys.stderr)
+        return 2
+    healthy, busy, dead = probe_models(args.url, models, args.deadline, args.timeout, args.repeat)
+    for line in healthy + busy:
+        print(line)
+    for line in dead:
+        print(line, file=sys.stderr)
+    return 1 if dead else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
