@@ -2,10 +2,13 @@
 on a private Docker engine holding stand-ins for the official images (tests/standins/).
 
 One stack serves the whole module, every service but Grafana (no build of it is obtainable
-here); the tests talk to it only through the ports compose publishes on 127.0.0.1, as an
-operator would, and run in the order an operator's first hour goes: start, infer, read the
-secrets, look at Prometheus, run Locust, scale Triton and lose a replica, stop under load, start
-again, open the gateway beyond loopback. Later tests reconfigure the stack the earlier ones used.
+here), run from a copy of this checkout to which `tritonstack add-model` added a model of the
+tests' own (two inputs, one of them INT64, labels): compose serves, guards, probes and
+load-tests it with no edit of any compose file. The tests talk to the stack only through the
+ports compose publishes on 127.0.0.1, as an operator would, and run in the order an operator's
+first hour goes: start, infer, read the secrets, look at Prometheus, run Locust, scale Triton
+and lose a replica, stop under load, start again, open the gateway beyond loopback. Later tests
+reconfigure the stack the earlier ones used.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -23,14 +27,17 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from tests import own_models
 from tests.functional.conftest import COMPOSE_TIMINGS
-from tests.support import ROOT, compose_seconds, embeddings
+from tests.support import compose_seconds, copy_project, embeddings
 from tritonstack.client import infer
+from tritonstack.settings import load
 
 #: A cold start builds the stand-ins (debootstrap, wheels) before compose builds our images.
 pytestmark = pytest.mark.timeout(900)
@@ -54,15 +61,17 @@ INTERPOLATED = ("GRAFANA_", "TRITON", "TRT_", "GATEWAY_", "COMPOSE_", "BENCH_", 
 
 
 class Compose:
-    """`docker compose -f docker-compose.yml -f compose.cpu.yml` for one project in the engine."""
+    """`docker compose -f docker-compose.yml -f compose.cpu.yml` for one project in the engine,
+    from the project folder `root`."""
 
-    def __init__(self, engine, env_file: Path) -> None:
+    def __init__(self, engine, env_file: Path, root: Path) -> None:
         self.engine = engine
         self.project = f"tst{os.getpid()}"
         self.env_file = env_file
+        self.root = root
 
     def command(self, *args: str) -> list[str]:
-        files = [arg for name in FILES for arg in ("-f", str(ROOT / name))]
+        files = [arg for name in FILES for arg in ("-f", str(self.root / name))]
         return [
             "docker",
             "compose",
@@ -71,7 +80,7 @@ class Compose:
             "--project-name",
             self.project,
             "--project-directory",
-            str(ROOT),
+            str(self.root),
             "--env-file",
             str(self.env_file),
             *files,
@@ -85,7 +94,7 @@ class Compose:
     def run(self, *args: str, check: bool = True, timeout: float = 600, **extra: str):
         result = subprocess.run(
             self.command(*args),
-            cwd=ROOT,
+            cwd=self.root,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -145,7 +154,16 @@ def stack(docker_engine, tmp_path_factory):
     with two Locust workers, and waited on until every service is healthy."""
     env_file = tmp_path_factory.mktemp("compose") / "empty.env"  # a fresh clone has no .env
     env_file.write_text("")
-    compose = Compose(docker_engine, env_file)
+    root = copy_project(tmp_path_factory.mktemp("project") / "tritonstack")
+    models = tmp_path_factory.mktemp("own-model")
+    added = subprocess.run(
+        [sys.executable, "-m", "tritonstack.cli", "--project-dir", str(root), "add-model",
+         str(own_models.two_inputs(models / "ranker.onnx")), "--name", "ranker",
+         "--labels", str(own_models.labels_file(models / "labels.txt"))],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    compose = Compose(docker_engine, env_file, root)
     seconds, output = compose.up("--build", "--scale", "locust-worker=2")
     COMPOSE_TIMINGS["first start to healthy (compose builds our images)"] = seconds
     compose.first_up = output
@@ -295,6 +313,31 @@ def test_published_ports_are_loopback_only_and_containers_reach_nothing_outside(
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_added_model_is_served_through_the_gateway_as_onnx_computes_it(stack, protocol):
+    """Two inputs, one INT64, through the gateway (routed, bounded from its config) to the
+    Triton image built from the project's repository; its labels through Triton's
+    classification extension."""
+    rng = np.random.default_rng(11)
+    inputs = {
+        "query": rng.uniform(-1, 1, (6, own_models.WIDTH)).astype(np.float32),
+        "bucket": rng.integers(0, 10, (6, own_models.BUCKETS)).astype(np.int64),
+    }
+    reference = own_models.two_inputs_reference(**inputs)
+    address = HTTP if protocol == "http" else GRPC
+    outputs = infer(address, "ranker", inputs, protocol=protocol)
+    assert abs(outputs["probs"] - reference["probs"]).max() < 1e-5
+    labelled = infer(address, "ranker", inputs, protocol=protocol, classification=1)
+    tops = [item.decode().split(":")[2] for item in labelled["probs"].reshape(-1)]
+    assert tops == [own_models.LABELS[i] for i in reference["probs"].argmax(axis=1)]
+    # what would hurt Triton is refused by the gateway, and Triton keeps serving
+    huge = {"inputs": [{"name": "query", "shape": [100000000, 24], "datatype": "FP32",
+                        "data": [0]}]}  # fmt: skip
+    status, text = call(HTTP, "POST", "/v2/models/ranker/infer", json.dumps(huge))
+    assert status == 400 and "ranker takes at most 1664" in text, text
+    assert infer(address, "ranker", inputs, protocol=protocol)["probs"].shape == (6, 3)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("model", ["classifier", "pipeline", "classify"])
 def test_inference_through_the_published_gateway_equals_onnxruntime(
     stack, reference, protocol, model
@@ -389,16 +432,20 @@ def locust_stats() -> dict:
     return json.loads(body)
 
 
-def run_locust(users: int = 4, seconds: float = 20, minimum: int = 200) -> dict:
-    """A run started from the web UI's form (what pressing Start sends), stopped after
-    `minimum` requests or `seconds`; the final statistics."""
-    form = {"user_count": users, "spawn_rate": users, "host": "http://gateway:8000"}
+def run_locust(users: int = 4, seconds: float = 20, minimum: int = 200, **options) -> dict:
+    """A run started from the web UI's form (what pressing Start sends, with the form's
+    `options`, such as model), stopped after `minimum` requests or `seconds`; the final
+    statistics."""
+    form = {"user_count": users, "spawn_rate": users, "host": "http://gateway:8000", **options}
     status, body = get(f"{LOCUST}/swarm", urllib.parse.urlencode(form).encode())
     assert status == 200 and json.loads(body)["success"] is True, body
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        total = next(s for s in locust_stats()["stats"] if s["name"] == "Aggregated")
-        if total["num_requests"] >= minimum:
+        stats = locust_stats()
+        total = next(s for s in stats["stats"] if s["name"] == "Aggregated")
+        # Until the master spawns (its shape ticks once a second), the statistics shown are
+        # the previous run's: Locust clears them only as it starts spawning.
+        if stats["state"] in ("spawning", "running") and total["num_requests"] >= minimum:
             break
         time.sleep(1)
     assert get(f"{LOCUST}/stop", b"")[0] == 200
@@ -422,6 +469,16 @@ def test_locust_master_and_workers_run_a_validated_load_through_the_gateway(stac
     assert sum(float(s["value"][1]) for s in exported) > 0, exported
 
 
+def test_locust_loads_the_added_model_from_its_metadata(stack):
+    """The web UI's form names the added model: every user asks the gateway for its metadata
+    and its answers are checked against it; rows of a `mix` up to its max_batch_size."""
+    stats = run_locust(model="ranker", rows="mix")
+    rows = [s for s in stats["stats"] if s["name"].startswith("ranker rows=")]
+    total = next(s for s in stats["stats"] if s["name"] == "Aggregated")
+    assert rows and total["num_requests"] >= 100, stats["stats"]
+    assert total["num_failures"] == 0, stats.get("errors")
+
+
 # --- Prometheus ----------------------------------------------------------------------------------
 
 
@@ -437,13 +494,19 @@ def test_prometheus_scrapes_every_job_its_rules_have_series_and_the_deep_probe_p
     assert set(health) == {"triton", "gateway", "deep_probe", "locust"}
     locusts = query('up{job="locust"}')
     assert len(locusts) == 3, locusts  # the master and both workers, found by DNS
-    probe = eventually(lambda: query('probe_success{job="deep_probe"} == 1'), 60, "probe passes")
-    assert len(probe) == 1
+    public = load(stack.root / "stack.env").public_models
+    assert "ranker" in public
+
+    def every_probe_passes() -> list:
+        passed = query('probe_success{job="deep_probe"} == 1')
+        return passed if {p["metric"]["model"] for p in passed} == set(public) else []
+
+    eventually(every_probe_passes, 60, "the deep probe of every public model passing")
     # The LLM's rules need the llm profile (a GPU image, not in this CPU stack); they are run
     # on the embedded vLLM engine by tests/functional/test_observability_llm.py.
     records = [
         rule["record"]
-        for path in sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
+        for path in sorted((stack.root / "prometheus" / "rules").glob("*.yml"))
         if path.name != "llm.yml"
         for group in yaml.safe_load(path.read_text())["groups"]
         for rule in group["rules"]

@@ -140,6 +140,18 @@ RUN_ELSEWHERE = {
         "tests/unit/test_compose.py::test_the_llm_never_starts_without_its_profile (with and "
         "without the profile, on the GPU file and with the CPU overlay)"
     ),
+    "tritonstack add-model ranker.onnx --name ranker --labels labels.txt": (
+        "tests/functional/test_own_models.py::test_add_model_writes_the_model_and_everything_"
+        "derived_from_it (the test's own ranker.onnx and labels.txt, on a copy of the checkout)"
+    ),
+    "tritonstack infer --model ranker --rows 4": (
+        "tests/functional/test_own_models.py::test_infer_prints_the_labels_and_reads_an_npz "
+        "(with --url of the test's gateway)"
+    ),
+    "tritonstack loadtest --model ranker --rows mix --max-fail-ratio 0": (
+        "tests/functional/test_own_models.py::test_a_gated_loadtest_of_the_model_passes "
+        "(with --host of the test's gateway)"
+    ),
     "make standin-images": (
         "tests/unit/test_standins.py::test_make_standin_images_runs_the_builder; the compose "
         "stack's session fixture (tests/functional/conftest.py) runs the same builder"
