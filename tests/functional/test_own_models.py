@@ -12,17 +12,21 @@ runs the compose stack on such a copy.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from onnx import TensorProto, helper
 
 from tests import own_models
 from tests.functional.test_serve import wait_for_line
@@ -110,8 +114,6 @@ def tree(root: Path) -> dict[str, str]:
 def graph_with(path: Path, batch, width) -> Path:
     """A one-input graph whose input's first dim is `batch` and second `width` (an int, a
     symbol or None)."""
-    from onnx import TensorProto, helper
-
     shape = [batch, width]
     graph = helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"])],
@@ -119,23 +121,17 @@ def graph_with(path: Path, batch, width) -> Path:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
     )
-    import onnx
-
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
 
 def string_graph(path: Path) -> Path:
-    from onnx import TensorProto, helper
-
     graph = helper.make_graph(
         [helper.make_node("Identity", ["text"], ["same"])],
         "g",
         [helper.make_tensor_value_info("text", TensorProto.STRING, ["b", 1])],
         [helper.make_tensor_value_info("same", TensorProto.STRING, ["b", 1])],
     )
-    import onnx
-
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -307,8 +303,6 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_request_is_a_4xx_and_triton_keeps_serving(served, case):
-    import http.client
-
     body, message = BAD[case]
     host, port = served["http"].split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
@@ -356,8 +350,6 @@ def test_the_health_check_and_the_supervisor_call_the_added_models(served, proje
     """The container's health check (the public models of the project's stack.env), and
     serve's supervisor, which probes them every second: their requests reach ranker, and none
     of them fails."""
-    import time
-
     from tests.unit.test_health import healthcheck
     from tritonstack.metrics import model_value, scrape
     from tritonstack.settings import load
