@@ -23,7 +23,7 @@ PLOTS = {
 COMPOSE_BENCH = """\
   perf-analyzer:
     profiles: ["bench"]
-    image: nvcr.io/nvidia/tritonserver:26.07-py3-sdk  # same release as the server (2.71)
+    image: nvcr.io/nvidia/tritonserver:26.08-py3-sdk  # same release as the server (2.72)
     depends_on:
       triton:
         condition: service_healthy

@@ -45,8 +45,14 @@ CACHE_LOCK_TIMEOUT=${TRITONSTACK_CACHE_LOCK_TIMEOUT:-900}
 # (never on the shared volume, where replicas would repoint it under each other) to a keyed
 # directory of the cache.
 ORT_CACHE_LINK=${TRITONSTACK_ORT_CACHE_LINK:-/tmp/tritonstack-onnxruntime-trt}
-# The image's release (26.07) supports compute capability 7.5 (Turing) and later.
+# The image's release (26.08) supports compute capability 7.5 (Turing) and later.
 MIN_COMPUTE_CAPABILITY=7.5
+# Its CUDA 13.4.1 ships with driver 615.61 (the server's compatibility.md on r26.08); CUDA 13.x
+# runs on R580 and later in minor-version compatibility mode, with fewer features (no JIT of PTX
+# newer than the driver); older drivers only through the image's forward-compatibility package,
+# on data-center GPUs. NVIDIA's CUDA compatibility guide.
+RECOMMENDED_DRIVER=615
+MIN_DRIVER=580
 # Shorter than compose's stop_grace_period (30s), so Triton drains in-flight requests and exits
 # before Docker's SIGKILL.
 EXIT_TIMEOUT=${TRITON_EXIT_TIMEOUT_SECS:-20}
@@ -116,7 +122,7 @@ detect_gpu() {
     # this image: stop rather than serve on CPU with a GPU reserved.
     if listed=$(nvidia-smi -L 2>/dev/null) && [[ $listed == *GPU* ]]; then
       die "nvidia-smi lists ${listed//$'\n'/; } but cannot report its compute capability" \
-        "(${out//$'\n'/ }): the driver is too old for this image (CUDA 13: driver R580 or" \
+        "(${out//$'\n'/ }): the driver is too old for this image (CUDA 13: driver R$MIN_DRIVER or" \
         "later, docs/deployment.md prerequisites). Update the driver, or serve on CPU" \
         "deliberately with TRITONSTACK_DEVICE=cpu (compose.cpu.yml)"
     fi
@@ -144,6 +150,29 @@ detect_gpu() {
     die "$GPU_NAME has compute capability $GPU_CC; this image's Triton release supports" \
       "$MIN_COMPUTE_CAPABILITY and later: serve on CPU with TRITONSTACK_DEVICE=cpu" \
       "(docker compose -f docker-compose.yml -f compose.cpu.yml up) or use a newer GPU"
+  fi
+  check_driver
+}
+
+# A driver older than the image's CUDA runs it with fewer features or not at all: say which,
+# once, at start (the host's driver, not the container's, decides).
+check_driver() {
+  local version major
+  version=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1) ||
+    true
+  major=${version%%.*}
+  if [[ ! $major =~ ^[0-9]+$ ]]; then
+    log "WARNING: nvidia-smi reports no driver version ('$version'); cannot check it against" \
+      "CUDA 13 (R$RECOMMENDED_DRIVER recommended)"
+  elif ((major < MIN_DRIVER)); then
+    log "WARNING: driver $version is older than R$MIN_DRIVER: CUDA 13 runs only through" \
+      "forward compatibility (data-center GPUs); update to R$RECOMMENDED_DRIVER or later" \
+      "(docs/deployment.md prerequisites)"
+  elif ((major < RECOMMENDED_DRIVER)); then
+    log "driver $version: CUDA 13.4 in minor-version compatibility mode (PTX newer than the" \
+      "driver cannot be compiled); R$RECOMMENDED_DRIVER or later runs it fully"
+  else
+    log "driver $version"
   fi
 }
 

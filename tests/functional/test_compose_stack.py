@@ -269,7 +269,7 @@ def test_first_up_builds_each_image_once_and_every_service_is_healthy(stack):
     Locust services share one image, which only locust-master builds), every service turns
     healthy, the one-shot secrets service exits 0, and `--scale locust-worker=2` gives two."""
     built = re.findall(r"naming to (?:docker\.io/)?(tritonstack/[\w.:-]+)", stack.first_up)
-    assert sorted(built) == ["tritonstack/locust:2.47.0", "tritonstack/triton:26.07"], built
+    assert sorted(built) == ["tritonstack/locust:2.47.0", "tritonstack/triton:26.08"], built
     for service in SERVICES:
         containers = stack.containers(service)
         assert len(containers) == (2 if service == "locust-worker" else 1), service
@@ -281,7 +281,7 @@ def test_first_up_builds_each_image_once_and_every_service_is_healthy(stack):
                 assert state["Health"]["Status"] == "healthy", (service, state)
     # The stand-ins are what ran: no official image was pulled (no registry is reachable).
     images = {c["Config"]["Image"] for s in SERVICES for c in stack.containers(s)}
-    for image in images - {"tritonstack/triton:26.07", "tritonstack/locust:2.47.0"}:
+    for image in images - {"tritonstack/triton:26.08", "tritonstack/locust:2.47.0"}:
         labels = json.loads(stack.docker("image", "inspect", image).stdout)[0]["Config"]["Labels"]
         assert labels["tritonstack.standin.for"] == image
 

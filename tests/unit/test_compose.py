@@ -531,18 +531,18 @@ def test_healthcheck_exercises_every_model(gpu: dict) -> None:
 
 
 def test_images_match_the_pinned_releases(gpu: dict) -> None:
-    """Triton 26.07 (2.71) in the image, the SDK image and the built image's tag alike; numpy as
+    """Triton 26.08 (2.72) in the image, the SDK image and the built image's tag alike; numpy as
     the tests run it; Locust as pyproject.toml pins it."""
     dockerfile = (ROOT / "Dockerfile.triton").read_text()
     release = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3$", dockerfile, re.M)
-    assert release and release[1] == "26.07"
-    assert "Triton 2.71.0" in dockerfile
+    assert release and release[1] == "26.08"
+    assert "Triton 2.72.0" in dockerfile
     assert re.search(r"^ARG TRITON_PYTHON=3\.12$", dockerfile, re.M)  # Ubuntu 24.04's Python
     assert gpu["services"]["triton"]["image"] == f"tritonstack/triton:{release[1]}"
     assert gpu["services"]["perf-analyzer"]["image"] == (
         f"nvcr.io/nvidia/tritonserver:{release[1]}-py3-sdk"
     )
-    # The LLM runs Triton's vLLM image of the same release (26.07: vLLM 0.24).
+    # The LLM runs Triton's vLLM image of the same release (26.08: vLLM 0.27.1).
     assert gpu["services"]["triton-llm"]["image"] == (
         f"nvcr.io/nvidia/tritonserver:{release[1]}-vllm-python-py3"
     )

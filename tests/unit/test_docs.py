@@ -165,7 +165,7 @@ CANNOT_RUN_HERE = {
     "file offline, and its CPU variant runs for real in tests/functional/test_compose_stack.py",
     "docker compose logs -f triton": "follows the log until interrupted; the log lines shown come "
     "from scripts/entrypoint.sh, run with fakes by tests/unit/test_entrypoint.py",
-    "docker image rm tritonstack/triton:26.07 tritonstack/locust:2.47.0": "not run: the tests' "
+    "docker image rm tritonstack/triton:26.08 tritonstack/locust:2.47.0": "not run: the tests' "
     "private engine is removed with every image in it; "
     "tests/unit/test_compose.py::test_images_match_the_pinned_releases pins these tags",
     "docker compose --profile bench run --rm perf-analyzer": "needs a Docker engine and a GPU; "
@@ -349,10 +349,10 @@ def test_every_relative_link_resolves(path):
 
 
 def test_the_anchor_rule_matches_github():
-    assert github_anchor("Embedded 2.51 vs container 26.07") == "embedded-251-vs-container-2607"
+    assert github_anchor("Embedded 2.51 vs container 26.08") == "embedded-251-vs-container-2608"
     assert github_anchor("What it costs, and how `maxconn` was sized") == (
         "what-it-costs-and-how-maxconn-was-sized"
     )
-    assert github_anchor("Triton: 2.51 embedded, 2.71 in the container") == (
-        "triton-251-embedded-271-in-the-container"
+    assert github_anchor("Triton: 2.51 embedded, 2.72 in the container") == (
+        "triton-251-embedded-272-in-the-container"
     )

@@ -153,6 +153,7 @@ def test_gpu_builds_the_plan_and_serves_the_gpu_configuration(tmp_path: Path) ->
     plans = plan_dir(run.cache, "NVIDIA_A10G-sm86-trt10.5.0", key)
     assert run.calls == [
         "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader",
+        "nvidia-smi --query-gpu=driver_version --format=csv,noheader",
         "trtexec --help",
         " ".join(
             [
@@ -483,3 +484,21 @@ def test_watchdog_leaves_a_busy_server_alone(tmp_path: Path) -> None:
     assert run.returncode == 3, run.output  # ran its full time: never signalled
     assert "deep probe failed" not in run.output
     assert "tritonserver got SIGTERM" not in run.calls
+
+
+@pytest.mark.parametrize(
+    ("driver", "words"),
+    [
+        ("615.61", "[entrypoint] driver 615.61\n"),
+        ("580.95.05", "CUDA 13.4 in minor-version compatibility mode"),
+        ("575.57.08", "WARNING: driver 575.57.08 is older than R580"),
+    ],
+    ids=["recommended", "minor-version compatibility", "older than R580"],
+)
+def test_the_driver_is_named_against_the_images_cuda(tmp_path: Path, driver, words) -> None:
+    """The host's driver decides how the image's CUDA 13.4 runs: said once at start, and the
+    container serves on the GPU whichever it is (forward compatibility may still carry it)."""
+    run = run_entrypoint(tmp_path, A10G, env={"FAKE_DRIVER": driver})
+    assert run.returncode == 0, run.output
+    assert words in run.output
+    assert "--model-config-name=gpu" in run.argv

@@ -16,8 +16,8 @@ from tests.support import ROOT
 #: Images nothing here can build, and why: the compose stack runs without them.
 NOT_STOOD_IN = {
     "grafana/grafana:13.3.2": "no Grafana build is obtainable from Debian or PyPI",
-    "nvcr.io/nvidia/tritonserver:26.07-py3-sdk": "perf_analyzer needs a GPU (the bench profile)",
-    "nvcr.io/nvidia/tritonserver:26.07-vllm-python-py3": "its vLLM needs a GPU (the llm profile)",
+    "nvcr.io/nvidia/tritonserver:26.08-py3-sdk": "perf_analyzer needs a GPU (the bench profile)",
+    "nvcr.io/nvidia/tritonserver:26.08-vllm-python-py3": "its vLLM needs a GPU (the llm profile)",
 }
 
 

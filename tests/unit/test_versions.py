@@ -1,6 +1,6 @@
 """Two runtimes, two versions on purpose: what keeps them serving the same files.
 
-The container runs Triton 2.71 (release 26.07), Prometheus 3.13 and the other pinned images of
+The container runs Triton 2.72 (release 26.08), Prometheus 3.13 and the other pinned images of
 docs/versions.md; natively the tests run Triton 2.51, Debian's Prometheus 2.42 and HAProxy 2.6.
 These tests check that the pins are documented and that the configurations use only what both
 sides understand.
@@ -27,7 +27,8 @@ VERSIONS = ROOT / "docs" / "versions.md"
 
 def test_tritonclient_schema_is_the_containers() -> None:
     """tritonclient's model_config_pb2 (what `tritonstack check` parses with) has the fields
-    release 26.07 added since 24.10, with the field numbers of common's r26.07 proto."""
+    releases since 24.10 added (26.08's are 26.07's), with the field numbers of common's r26.07
+    proto."""
     config = model_config_pb2.ModelConfig.DESCRIPTOR.fields_by_name
     ensembling = model_config_pb2.ModelEnsembling.DESCRIPTOR.fields_by_name
     assert config["model_metrics"].number == 26
@@ -197,7 +198,7 @@ def test_every_cve_in_the_security_table_is_fixed_by_the_pinned_release() -> Non
 
 
 def test_the_gpu_configuration_asks_no_precision_the_images_tensorrt_cannot_give() -> None:
-    """docs/versions.md says 26.07 ships TensorRT 11, whose networks are strongly typed: a
+    """docs/versions.md says 26.08 ships TensorRT 11, whose networks are strongly typed: a
     precision request to ONNX Runtime's TensorRT accelerator is then at best a no-op, and a
     trtexec precision flag a failed start. The entrypoint reads trtexec's flags instead
     (tests/unit/test_entrypoint_cache.py); the configuration must not ask for one."""

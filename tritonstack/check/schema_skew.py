@@ -1,9 +1,10 @@
 """Fields the container's Triton knows and the embedded runtime's Triton 2.51 refuses.
 
 Configs are parsed with tritonclient's model_config_pb2, whose schema is the container's
-(tritonclient 2.73 ships common's model_config.proto, unchanged since release 26.07 = Triton
-2.71): a field unknown there is already a parse error. The embedded runtime runs Triton 2.51
-(release 24.10), which refuses the fields added since; docs/versions.md has the diff.
+(tritonclient 2.73 ships common's model_config.proto, unchanged from release 26.07 through 26.09,
+so the container's 26.08 too): a field unknown there is already a parse error. The embedded
+runtime runs Triton 2.51 (release 24.10), which refuses the fields added since; docs/versions.md
+has the diff.
 """
 
 from __future__ import annotations
