@@ -202,6 +202,64 @@ def test_other_protocol_versions_and_methods_are_answered(gateway, same_triton, 
     assert line.split()[1] == str(status), (line, body[:200])
 
 
+def answer_or_close(gateway, data: bytes, wait: float = 5.0) -> tuple[bytes, float]:
+    """Everything the gateway sends back to `data` until it closes the connection (b"" for a
+    close without an answer), and the seconds it took; a gateway still silent after `wait`
+    seconds fails the test."""
+    host, port = gateway.http_url.split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=wait) as connection:
+        connection.sendall(data)
+        received = b""
+        try:
+            while chunk := connection.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pytest.fail(f"no answer and no close within {wait} s; received {received[:200]!r}")
+        except ConnectionResetError:
+            pass  # a reset is a close too
+    return received, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GET /v2/health/ready HTTP/0.9\r\n\r\n",
+        b"GET /v2/models/classifier HTTP/0.9\r\nHost: x\r\n\r\n",
+        b"GET /v2/health/ready\r\n",
+        b"GET /\r\n\r\n",
+    ],
+    ids=["HTTP/0.9 health", "HTTP/0.9 model metadata", "no version", "no version root"],
+)
+def test_an_http_0_9_request_line_is_refused_by_the_gateway(gateway, same_triton, data):
+    """A request line of HTTP/0.9 (or none) is the gateway's 400 at once. HAProxy passes a
+    `HTTP/0.9` request on unless told, Triton closes the connection, and the client got a 502
+    naming Triton."""
+    answer, seconds = answer_or_close(gateway, data)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+    assert seconds < 2, seconds
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        # the preface and an empty SETTINGS frame, as an HTTP/2 client opens
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000"),
+    ],
+    ids=["preface", "preface and settings"],
+)
+def test_an_http_2_preface_on_the_http_1_port_is_refused_promptly(gateway, same_triton, data):
+    """HTTP/2 with prior knowledge belongs on the gRPC port; on the HTTP/1 port the gateway
+    answers 4xx or closes at once, rather than waiting on the client for seconds."""
+    answer, seconds = answer_or_close(gateway, data)
+    # HAProxy 2.6 cannot parse the preface as HTTP/1: 400; 3.4 sees the preface and, the upgrade
+    # being off, answers 405 (mux_h1.c: "H2 upgrade not allowed").
+    status = answer.split(b" ")[1] if answer.startswith(b"HTTP/1.1 ") else answer[:300]
+    assert status in (b"400", b"405"), answer[:300]
+    assert seconds < 2, seconds
+
+
 def test_a_request_cut_off_in_its_headers_gets_408(gateway, same_triton):
     line, headers, _, seconds = raw(gateway, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n")
     assert line.split()[1] == "408" and headers["connection"] == "close"
@@ -232,9 +290,11 @@ def test_a_half_request_closed_by_the_client_does_not_reach_triton(gateway, same
         ([("Inference-Header-Content-Length", "abc")], 400),
         ([("Inference-Header-Content-Length", "-5")], 400),
         ([("Inference-Header-Content-Length", "999999")], 400),
+        # Beyond a C int: Triton through 26.08 aborts on it (std::out_of_range, uncaught).
+        ([("Inference-Header-Content-Length", "99999999999")], 400),
         ([("Transfer-Encoding", "chunked")], 411),
     ],
-    ids=["not a number", "negative", "beyond the body", "chunked"],
+    ids=["not a number", "negative", "beyond the body", "beyond an int", "chunked"],
 )
 def test_binary_header_and_framing_lies_are_refused(gateway, same_triton, headers, status):
     body = infer_json()

@@ -224,6 +224,13 @@ REFUSED = [
      "unknown key 'temprature'"),
     ("unknown key in parameters", {"text_input": "x", "parameters": {"max_tokens": 4, "n": 2}},
      "unknown key 'n'"),
+    # CVE-2026-105757: a bad structured-output request ends the shared engine (vLLM < 0.30).
+    ("structured output", {"text_input": "x", "max_tokens": 4, "structured_outputs": "{}"},
+     "unknown key 'structured_outputs'"),
+    ("structured output in sampling_parameters",
+     {"text_input": "x", "sampling_parameters": json.dumps(
+         {"max_tokens": 4, "structured_outputs": {"json": {}}})},
+     "sampling_parameters must be a JSON string holding a flat JSON object"),
     ("nested object", {"text_input": "x", "max_tokens": 4, "temperature": {"value": 0}},
      "'temperature' holds an object or an array"),
     ("nested deep", '{"text_input":' + "[" * 9000 + "]" * 9000 + ',"max_tokens":4}',
