@@ -31,6 +31,12 @@ local function product(dims)
   return math.min(values, TOO_MANY)
 end
 
+-- How many values a "data" array holds, nested lists flattened.
+local function count_values(data)
+  local _, count = data:gsub("[^,%[%]%s]+", "")
+  return count
+end
+
 -- The first input whose data and shape disagree, described; nil when none does.
 local function mismatch(body)
   local inputs = body:match('"inputs"%s*:%s*(%b[])')
@@ -41,10 +47,7 @@ local function mismatch(body)
     local dims = tensor:match('"shape"%s*:%s*%[([^%]]*)%]')
     local data = tensor:match('"data"%s*:%s*(%b[])')
     if dims ~= nil and data ~= nil then
-      local count = 0
-      for _ in data:gsub("[%[%]]", " "):gmatch("[^,%s]+") do
-        count = count + 1
-      end
+      local count = count_values(data)
       local declared = product(dims)
       if count ~= declared then
         local name = tensor:match('"name"%s*:%s*"([^"\\]*)"') or "an input"
@@ -55,6 +58,44 @@ local function mismatch(body)
     end
   end
   return nil
+end
+
+-- Each "shape" array's number of values and each "data" array's, in the order they appear.
+-- Plain searches find the keys (a pattern tried at every position of the body would cost more
+-- than the rest of the gateway's work per request).
+local function declared_and_sent(body)
+  local declared, sent = {}, {}
+  local at = 1
+  while true do
+    local _, stop = body:find('"shape"', at, true)
+    if stop == nil then
+      break
+    end
+    local dims = body:match("^%s*:%s*%[([^%]]*)%]", stop + 1)
+    if dims ~= nil then -- else a string "shape" (a name) or a parameter's key
+      declared[#declared + 1] = product(dims)
+    end
+    at = stop + 1
+  end
+  at = 1
+  while true do
+    local _, stop = body:find('"data"', at, true)
+    if stop == nil then
+      break
+    end
+    local first, last = body:match("^%s*:%s*()%b[]()", stop + 1)
+    if first ~= nil then
+      -- In nested lists of values every comma separates two elements of one list, so a data
+      -- array holds one value more than it has commas (an empty list aside, which the exact
+      -- count below settles when the two disagree).
+      local _, commas = body:sub(first, last - 1):gsub(",", "")
+      sent[#sent + 1] = commas + 1
+      at = last
+    else
+      at = stop + 1
+    end
+  end
+  return declared, sent
 end
 
 core.register_action("check_tensors", { "http-req" }, function(txn)
@@ -69,12 +110,22 @@ core.register_action("check_tensors", { "http-req" }, function(txn)
     end
     body = body:sub(1, length)
   end
+  local declared, sent = declared_and_sent(body)
   local total = 0.0
-  for dims in body:gmatch('"shape"%s*:%s*%[([^%]]*)%]') do
-    total = math.min(total + product(dims), TOO_MANY)
+  for _, values in ipairs(declared) do
+    total = math.min(total + values, TOO_MANY)
   end
   txn:set_var("txn.values", math.tointeger(total))
-  if not binary then
+  if binary then
+    return
+  end
+  -- The i-th shape and the i-th data array are one input's when every input has both; only a
+  -- disagreement (or inputs without data) costs the walk that names the input.
+  local agree = #declared == #sent
+  for i = 1, #sent do
+    agree = agree and declared[i] == sent[i]
+  end
+  if not agree then
     local wrong = mismatch(body)
     if wrong ~= nil then
       txn:set_var("txn.mismatch", wrong)
