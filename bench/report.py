@@ -465,10 +465,17 @@ def render_markdown(results: dict, gpu_check: dict | None = None) -> str:
         "",
     ]
     for merged in meta.get("merged", []):
+        elsewhere = ""
+        if merged.get("cpu") and merged["cpu"] != meta["cpu"]:
+            elsewhere = (
+                f" On another machine ({merged['cpu']}): compare these families' numbers with "
+                "each other, not with the run above."
+            )
         out += [
             f"Measured again later and merged in: {', '.join(merged['families'])}, by "
             f"`{merged['command']}` on {merged['started']} in {merged['duration_s'] // 60} min "
-            f"{merged['duration_s'] % 60} s (load average before: {merged['load_before'][0]}).",
+            f"{merged['duration_s'] % 60} s (load average before: {merged['load_before'][0]})."
+            + elsewhere,
             "",
         ]
     if not results["points"]:  # only families with sections of their own (llm)

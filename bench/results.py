@@ -80,8 +80,8 @@ def command_line(quick: bool, families: list[str], merged: bool) -> str:
 def merge(base: dict, new: dict) -> dict:
     """`new` measured into `base`: its points replace those with the same key, its memory,
     profiles and llm sections replace base's, its families join base's; meta stays base's, with
-    a line per merged run (what ran, when, how busy the machine was); an earlier merged run of
-    no other families is dropped, as the new one measured all it had."""
+    a line per merged run (what ran, when, on which CPU, how busy the machine was); an earlier
+    merged run of no other families is dropped, as the new one measured all it had."""
     measured = {p["key"] for p in new["points"]}
     meta = dict(base["meta"])
     new_meta = new["meta"]
@@ -96,7 +96,8 @@ def merge(base: dict, new: dict) -> dict:
         ),
         {
             key: new_meta[key]
-            for key in ("families", "command", "started", "duration_s", "load_before")
+            for key in ("families", "command", "started", "duration_s", "load_before", "cpu")
+            if key in new_meta
         },
     ]
     merged = {

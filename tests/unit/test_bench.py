@@ -744,6 +744,11 @@ def test_llm_results_merge_into_a_full_run_and_render(tmp_path):
     again = results.merge(merged, later)
     assert again["meta"]["families"].count("llm") == 1
     assert [m["started"] for m in again["meta"]["merged"]] == [later["meta"]["started"]]
+    # a run merged in from another machine says so, and which
+    moved = {**new, "meta": {**new["meta"], "cpu": "AMD EPYC"}}
+    report.write(results.merge(base, moved), tmp_path, plots=False)
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "On another machine (AMD EPYC): compare these families' numbers" in text
     # a run of llm alone renders its section, no empty classifier tables
     alone = report.render_markdown({**new, "meta": {**new["meta"], "quick": True}})
     assert llm_report.HEADING in alone and "## Targets" not in alone
