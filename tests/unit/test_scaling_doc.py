@@ -88,3 +88,29 @@ def test_simulated_hpa_follows_the_documented_algorithm() -> None:
     assert controller.decide(315, 6, [50.0] * 6, missing=0) == 5  # 1 pod per minute
     assert controller.decide(330, 5, [50.0] * 5, missing=0) == 5
     assert controller.decide(390, 5, [50.0] * 5, missing=0) == 4
+
+
+def test_the_docs_prose_numbers_follow_the_measured_curve() -> None:
+    """The sentences around the tables quote points of the curve; a re-run benchmark moves them,
+    and the table test alone would not notice the prose falling behind."""
+    simulate = load_simulator()
+    curve = simulate.replica_curve()
+    spec = simulate.HpaSpec.read()
+    maxconn, _ = simulate.gateway_limits()
+    doc = " ".join((ROOT / "docs" / "scaling.md").read_text().split())
+
+    def queue(in_flight: float) -> float:
+        return simulate.interpolate(curve, in_flight, "queue_us")
+
+    at_target = simulate.concurrency_at(curve, spec.target)
+    at_bound = queue(maxconn)
+    expected = [
+        f"measured {queue(16):.0f} µs. It varies",
+        f"sits at about {at_target:.0f} requests in flight",
+        f"tops out at {at_bound:.0f} µs, {at_bound / spec.target:.2f}x the target",
+        f"raises the ratio only to {at_bound / spec.target:.2f}",
+        f"24 per pod, {queue(24):.0f} µs, {queue(24) / spec.target:.2f}x the target",
+        f"4 pods: {queue(12):.0f} µs)",
+    ]
+    missing = [sentence for sentence in expected if sentence not in doc]
+    assert not missing, f"docs/scaling.md's prose is behind the curve: {missing}"
