@@ -170,16 +170,23 @@ def _io(tensors, labelled: list[str] = ()) -> str:
     return "[\n" + ",\n".join(entries) + "\n]"
 
 
+def _tensors(
+    name: str, platform: str, graph: Graph, max_batch_size: int, labelled: list[str]
+) -> str:
+    """What every config written here opens with: the model, its platform and its tensors."""
+    return f"""name: "{name}"
+platform: "{platform}"
+max_batch_size: {max_batch_size}
+input {_io(graph.inputs)}
+output {_io(graph.outputs, labelled)}"""
+
+
 def cpu_config(
     name: str, graph: Graph, max_batch_size: int, labelled: list[str], source: str
 ) -> str:
     return f"""# {name}: added by `tritonstack add-model` from {source}; served as classifier is.
 # Inputs and outputs as the ONNX graph has them, the batch dimension (max_batch_size) taken off.
-name: "{name}"
-platform: "onnxruntime_onnx"
-max_batch_size: {max_batch_size}
-input {_io(graph.inputs)}
-output {_io(graph.outputs, labelled)}
+{_tensors(name, "onnxruntime_onnx", graph, max_batch_size, labelled)}
 # Requests arriving while an execution runs join the next one. No queue policy: it would turn off
 # the batcher's prefetching (classifier/config.pbtxt says why); the gateway refuses overload.
 dynamic_batching {{
@@ -212,11 +219,7 @@ def _one_gpu_instance(
     name: str, platform: str, graph: Graph, max_batch_size: int, labelled: list[str]
 ) -> str:
     """What both GPU configs hold: the tensors, the batcher and one instance on the GPU."""
-    return f"""name: "{name}"
-platform: "{platform}"
-max_batch_size: {max_batch_size}
-input {_io(graph.inputs)}
-output {_io(graph.outputs, labelled)}
+    return f"""{_tensors(name, platform, graph, max_batch_size, labelled)}
 dynamic_batching {{
   max_queue_delay_microseconds: 100
 }}
