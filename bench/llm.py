@@ -33,10 +33,11 @@ from bench.stats import spread
 from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.contract import LLM_MODEL, LLM_REPOSITORY, LOOPBACK
 from tritonstack.errors import UserError, require_extra
+from tritonstack.ports import free_ports
 from tritonstack.processes import http_ok, spawn, wait_ready
 from tritonstack.processes import stop as stop_group
 from tritonstack.project import project_dir
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
+from tritonstack.runtime import EmbeddedTriton, default_cache_dir
 
 #: Every server of the family, in the order of its first turn, and how the report names it.
 SERVERS = {

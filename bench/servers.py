@@ -24,9 +24,10 @@ import psutil
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
 from tritonstack.errors import UserError
+from tritonstack.ports import free_ports
 from tritonstack.processes import http_ok, rss_bytes, spawn, tree, wait_ready
 from tritonstack.processes import stop as stop_group
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
+from tritonstack.runtime import EmbeddedTriton, default_cache_dir
 
 BENCH_DIR = Path(__file__).resolve().parent
 REQUIREMENTS = BENCH_DIR / "requirements-baselines.txt"

@@ -19,7 +19,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -115,17 +114,6 @@ def _sync_file(source: Path, target: Path) -> None:
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
         shutil.copy2(source, tmp)
         os.replace(tmp, target)
-
-
-def free_ports(count: int) -> list[int]:
-    """Loopback ports the kernel just handed out, closed again so a server can bind them."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind((LOOPBACK, 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def prepare_backends(cache_dir: Path) -> Path:

@@ -113,7 +113,8 @@ def soak(
     log=print,
 ) -> list[Sample]:
     """Serve `repository` on free loopback ports, load it, sample every `interval` seconds."""
-    from tritonstack.runtime import EmbeddedTriton, free_ports
+    from tritonstack.ports import free_ports
+    from tritonstack.runtime import EmbeddedTriton
 
     out.mkdir(parents=True, exist_ok=True)
     server = EmbeddedTriton(repository, *free_ports(3), log_path=out / "tritonserver.log")

@@ -17,7 +17,8 @@ from tests.standins.build import build as build_standins
 from tests.standins.engine import PrivateEngine, missing_tools
 from tests.support import IN_CI, LLM_REPOSITORY, REPOSITORY, require_tool
 from tritonstack.gateway import Gateway
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports
+from tritonstack.ports import free_ports
+from tritonstack.runtime import EmbeddedTriton, default_cache_dir
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,9 @@ from tests.unit.test_autoscaling_query import (
     adapter_query,
     keda_query,
 )
+from tritonstack.ports import free_ports
 from tritonstack.promconfig import render
-from tritonstack.runtime import EmbeddedTriton, free_ports
+from tritonstack.runtime import EmbeddedTriton
 
 LOAD_SECONDS = 30
 

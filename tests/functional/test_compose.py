@@ -40,7 +40,7 @@ def test_healthcheck_fails_on_a_broken_model_or_server(triton) -> None:
     assert missing.returncode == 1
     assert "healthy: pipeline" in missing.stdout
     assert "unhealthy: nope: HTTP 404 for /v2/models/nope" in missing.stderr
-    from tritonstack.runtime import free_ports
+    from tritonstack.ports import free_ports
 
     (closed,) = free_ports(1)
     down = healthcheck("--url", f"127.0.0.1:{closed}", "--timeout", "2", "--model", "pipeline")
@@ -54,7 +54,8 @@ def test_healthcheck_fails_when_a_stub_is_killed_while_2_51_stays_ready(tmp_path
 
     import psutil
 
-    from tritonstack.runtime import EmbeddedTriton, free_ports
+    from tritonstack.ports import free_ports
+    from tritonstack.runtime import EmbeddedTriton
 
     http, grpc, metrics = free_ports(3)
     server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=tmp_path / "triton.log")
@@ -106,7 +107,8 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 def test_healthcheck_calls_a_slow_server_busy_within_its_deadline(tmp_path: Path) -> None:
     """A live server slower than the check's deadline: exit 0 (busy), and the check ends before
     its deadline plus Python's start, so Docker's timeout (above the deadline) never cuts it."""
-    from tritonstack.runtime import EmbeddedTriton, free_ports
+    from tritonstack.ports import free_ports
+    from tritonstack.runtime import EmbeddedTriton
 
     repository = tmp_path / "repository"
     (repository / "slow" / "1").mkdir(parents=True)

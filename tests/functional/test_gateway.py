@@ -27,7 +27,7 @@ from tritonstack.client import infer
 from tritonstack.gateway import Gateway
 from tritonstack.limits import limits
 from tritonstack.metrics import scrape
-from tritonstack.runtime import free_ports
+from tritonstack.ports import free_ports
 from tritonstack.settings import load
 
 LIMITS = {m.model: m for m in limits().models}

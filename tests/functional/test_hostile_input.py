@@ -25,7 +25,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tests.support import REPOSITORY, require_tool
 from tritonstack import processes
 from tritonstack.gateway import Gateway
-from tritonstack.runtime import EmbeddedTriton, free_ports
+from tritonstack.ports import free_ports
+from tritonstack.runtime import EmbeddedTriton
 
 MODELS = ["classifier", "pipeline", "classify", "postprocess", "nope", ""]
 DATATYPES = ["FP32", "FP64", "INT32", "BYTES", "BOOL", "FP16", "UINT8", "garbage", ""]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tests.unit.test_kubernetes import render
 from tritonstack import contract, processes
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir, free_ports, prepare_backends
+from tritonstack.ports import free_ports
+from tritonstack.runtime import EmbeddedTriton, default_cache_dir, prepare_backends
 
 CONFIG = """backend: "python"
 max_batch_size: 0

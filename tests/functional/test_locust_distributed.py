@@ -22,7 +22,7 @@ import pytest
 from tests.support import ROOT
 from tritonstack.contract import LLM_MODEL
 from tritonstack.loadtest import LOCUST_CONF, LOCUSTFILE
-from tritonstack.runtime import free_ports
+from tritonstack.ports import free_ports
 
 REQUIREMENTS = ROOT / "loadtest" / "requirements.txt"
 #: (user type, model): every user type users.py defines, spread over the three models.

@@ -37,8 +37,9 @@ from tests.support import REPOSITORY, embeddings, require_tool
 from tritonstack import dashboards, processes
 from tritonstack.gateway import Gateway
 from tritonstack.metrics import scrape
+from tritonstack.ports import free_ports
 from tritonstack.promconfig import PROMETHEUS_DIR, render, render_blackbox
-from tritonstack.runtime import EmbeddedTriton, free_ports
+from tritonstack.runtime import EmbeddedTriton
 from tritonstack.settings import load
 
 LOAD_SECONDS = 30  # Locust's run; Prometheus is polled while it runs

@@ -22,7 +22,7 @@ import pytest
 from tests.support import require_tool
 from tritonstack.gateway import Gateway
 from tritonstack.metrics import model_value, scrape
-from tritonstack.runtime import free_ports
+from tritonstack.ports import free_ports
 
 CLIENTS = 24
 REQUESTS_PER_CLIENT = 40

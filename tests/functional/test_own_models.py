@@ -31,7 +31,7 @@ from onnx import TensorProto, helper
 from tests import own_models
 from tests.functional.test_serve import wait_for_line
 from tests.support import copy_project
-from tritonstack.runtime import free_ports
+from tritonstack.ports import free_ports
 
 pytestmark = pytest.mark.timeout(600)
 

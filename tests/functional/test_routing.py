@@ -17,7 +17,8 @@ from tritonclient.utils import InferenceServerException
 from tests.support import REPOSITORY, embeddings
 from tritonstack.client import infer
 from tritonstack.metrics import model_value, scrape
-from tritonstack.runtime import EmbeddedTriton, free_ports
+from tritonstack.ports import free_ports
+from tritonstack.runtime import EmbeddedTriton
 
 
 def make_repository(root):

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.support import REPOSITORY
-from tritonstack.runtime import free_ports
+from tritonstack.ports import free_ports
 
 SHM = Path("/dev/shm")
 

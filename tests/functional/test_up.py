@@ -19,7 +19,7 @@ from tests.functional.test_serve import SHM, wait_for_line, wait_gone
 from tests.support import require_tool
 from tritonstack.contract import LLM_MODEL
 from tritonstack.loadtest import LLM_USER_TYPE
-from tritonstack.runtime import free_ports
+from tritonstack.ports import free_ports
 
 READY_LINE = "Ctrl-C stops everything"
 

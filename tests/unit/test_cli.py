@@ -10,8 +10,8 @@ from importlib.metadata import packages_distributions, requires
 import pytest
 
 from tritonstack.errors import EXTRAS, INSTALL
+from tritonstack.ports import free_ports
 from tritonstack.project import project_dir
-from tritonstack.runtime import free_ports
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -183,7 +183,7 @@ def test_a_dead_stub_fails_even_behind_a_503():
 
 
 def test_no_server_is_dead_and_no_model_named_is_a_usage_error(tmp_path):
-    from tritonstack.runtime import free_ports
+    from tritonstack.ports import free_ports
 
     (port,) = free_ports(1)
     result = healthcheck("--url", f"127.0.0.1:{port}", "--model", "ranker")

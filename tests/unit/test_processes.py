@@ -105,7 +105,7 @@ def test_tree_memory_counts_the_children(tmp_path):
 
 
 def test_http_ok_is_false_for_a_closed_port():
-    from tritonstack.runtime import free_ports
+    from tritonstack.ports import free_ports
 
     (port,) = free_ports(1)
     assert processes.http_ok(f"http://127.0.0.1:{port}/", timeout=1) is False

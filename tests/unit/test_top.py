@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from tritonstack.cli import main
-from tritonstack.runtime import free_ports
+from tritonstack.ports import free_ports
 from tritonstack.top import rates, table
 
 
