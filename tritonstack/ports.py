@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from tritonstack.contract import LOOPBACK
+from tritonstack.errors import UserError
 
 #: Ports below this are left to services with well-known ports, the stack's own defaults among
 #: them (a test keeps those below it).
@@ -91,5 +92,8 @@ def free_ports(count: int) -> list[int]:
         _handed_out.add(port)
         ports.append(port)
     if len(ports) < count:
-        raise RuntimeError(f"only {len(ports)} of {count} free ports outside the ephemeral range")
+        raise UserError(
+            f"only {len(ports)} of {count} free loopback ports found from {LOWEST} up outside the "
+            "kernel's ephemeral range; stop the servers left running on them"
+        )
     return ports

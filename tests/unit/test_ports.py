@@ -7,7 +7,10 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tritonstack import contract, gateway, ports
+from tritonstack.errors import UserError
 
 
 def test_the_ephemeral_range_read_is_the_one_the_kernel_uses():
@@ -61,3 +64,10 @@ def test_the_stacks_default_ports_are_never_handed_out():
     defaults = [value for name, value in vars(contract).items() if name.endswith("_PORT")]
     defaults += [gateway.TRITON_HTTP_PORT, gateway.TRITON_GRPC_PORT]
     assert len(defaults) >= 8 and max(defaults) < ports.LOWEST, defaults
+
+
+def test_running_out_of_ports_is_one_readable_line(monkeypatch):
+    taken = ports.free_ports(2)
+    monkeypatch.setattr(ports, "candidates", lambda: taken)
+    with pytest.raises(UserError, match=r"only 0 of 1 free loopback ports .* left running"):
+        ports.free_ports(1)
