@@ -42,7 +42,8 @@ def test_top_once_under_load(triton, capsys):
     assert set(SERVED) <= set(rows), output
     requests, inferences, batch, queue, compute, failures = rows["classifier"][:6]
     assert float(requests) > 0, output
-    assert float(inferences) >= float(requests)
+    # Holds in every window although Triton's counters are read apart (tritonstack/top.py).
+    assert float(inferences) >= float(requests), output
     assert float(batch) >= 1.0, output
     assert float(queue) >= 0 and float(compute) > 0, output
     assert failures == "-", output

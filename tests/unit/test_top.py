@@ -73,6 +73,38 @@ def test_rates_from_two_scrapes():
     assert text.splitlines()[2].split() == ["idle", "0.0", "0.0", "-", "-", "-", "-"]
 
 
+def test_a_scrape_that_read_a_request_before_its_rows_shows_no_impossible_row():
+    """A request completing mid-scrape is counted in nv_inference_request_success and not yet in
+    nv_inference_count (Triton updates and the scrape reads them one after the other): the
+    window then holds one request more than inferences. Every request has at least one row, so
+    top shows inferences at the requests' rate and a batch of at least 1, never below."""
+    before = counters(
+        "classifier",
+        nv_inference_request_success=100,
+        nv_inference_count=99,  # the 100th request's row not counted yet when this was read
+        nv_inference_exec_count=99,
+    )
+    after = counters(
+        "classifier",
+        nv_inference_request_success=893,
+        nv_inference_count=892,
+        nv_inference_exec_count=892,
+    )
+    (row,) = rates(before, after, seconds=1.5)
+    assert row.requests_per_s == pytest.approx(528.67, abs=0.01)
+    assert row.inferences_per_s == row.requests_per_s
+    assert row.batch_size == 1.0
+    # Executions read after a batch's rows were: more executions than inferences in the window.
+    skewed = counters("classifier", nv_inference_request_success=893, nv_inference_count=891,
+                      nv_inference_exec_count=899)  # fmt: skip
+    (row,) = rates(before, skewed, seconds=1.0)
+    assert row.inferences_per_s == 793.0 and row.batch_size == 1.0
+    batched = counters("classifier", nv_inference_request_success=110, nv_inference_count=139,
+                       nv_inference_exec_count=104)  # fmt: skip
+    (row,) = rates(before, batched, seconds=1.0)
+    assert (row.inferences_per_s, row.batch_size) == (40.0, 8.0)  # real batches: untouched
+
+
 def test_versions_are_summed_and_a_restart_counts_from_zero():
     before = {
         **counters("m", "1", nv_inference_request_success=50, nv_inference_exec_count=50),
