@@ -133,6 +133,8 @@ class Result:
     p95_ms: float
     p99_ms: float
     generator_cpu_s: float
+    #: Of `errors`, the answers that were not 2xx (the rest: connect, read, write, timeout).
+    status_errors: int = 0
 
 
 def wrk_path() -> str:
@@ -238,6 +240,7 @@ class Generator:
             p95_ms=stats["p95_us"] / 1000,
             p99_ms=stats["p99_us"] / 1000,
             generator_cpu_s=cpu,
+            status_errors=stats["status"],
         )
 
     def _grpc(self, target: Target, concurrency: int, seconds: float) -> Result:

@@ -121,7 +121,9 @@ def test_healthcheck_calls_a_slow_server_busy_within_its_deadline(tmp_path: Path
         took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("busy: slow: no answer within"), result.stdout
-    assert took < 3 + 1.5, f"the check took {took:.1f} s past its 3 s deadline"
+    # Python's start included, on a machine busy with the rest of the suite: the room Docker's
+    # timeout leaves past the deadline in the product (10 - 8 s).
+    assert took < 3 + 2.0, f"the check took {took:.1f} s past its 3 s deadline"
 
 
 def test_the_healthcheck_deadline_ends_before_docker_s_timeout(gpu: dict) -> None:

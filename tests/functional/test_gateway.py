@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import time
@@ -469,7 +470,16 @@ def test_soft_stop_answers_a_request_on_an_idle_keep_alive_connection(triton):
         first.read()
         assert first.status == 200
         gateway.process.send_signal(signal.SIGUSR1)  # what `stop()` and compose send
-        time.sleep(0.5)  # the soft stop has run: listeners closed, idle connections handled
+        # The soft stop has run once the listener is closed (a new connection is refused); the
+        # idle connection is handled in the same pass.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < deadline, "the listener stayed open after SIGUSR1"
+            time.sleep(0.05)
         connection.request("POST", "/v2/models/classifier/infer", body=infer_body([1, 128]))
         last = connection.getresponse()
         last.read()

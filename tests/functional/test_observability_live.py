@@ -513,7 +513,9 @@ def test_the_gateway_counts_every_refusal_triton_never_saw(stack):
     """Each 503 the spike got was answered by the gateway (counted as a frontend 5xx that no
     Triton server answered): the refusals Triton itself never counted now have a number."""
     spiked = stack["spike"]
-    refused_by_wrk = spiked["wrk"].errors
+    # Answers that were not 2xx only: a socket error of 512 connections on a slow machine (a
+    # connect or read error) is not a refusal the gateway counted.
+    refused_by_wrk = spiked["wrk"].status_errors
     refusals = spiked["frontend_5xx"] - spiked["triton_5xx"]
     assert spiked["wrk"].requests > 0 and refused_by_wrk > 0, spiked  # past capacity, still served
     assert spiked["triton_5xx"] == 0, spiked

@@ -20,6 +20,7 @@ from tests.support import require_tool
 from tritonstack.contract import LLM_MODEL
 from tritonstack.loadtest import LLM_USER_TYPE
 from tritonstack.ports import free_ports
+from tritonstack.runtime import STUB_EXECUTABLE
 
 READY_LINE = "Ctrl-C stops everything"
 
@@ -257,7 +258,12 @@ def test_sigterm_while_starting_stops_cleanly(tmp_path):
         while "tritonserver" not in {c.name() for c in psutil.Process(process.pid).children()}:
             assert time.monotonic() < deadline, "tritonserver not started"
             time.sleep(0.1)
-        time.sleep(1)  # loading models: stubs and their shared memory exist
+        # Loading models: wait for a stub (and so its shared memory) to exist.
+        while not any(
+            c.name() == STUB_EXECUTABLE for c in psutil.Process(process.pid).children(True)
+        ):
+            assert time.monotonic() < deadline, "no model's stub started"
+            time.sleep(0.1)
         children, shm_prefix = our_children(process)
     except BaseException:
         process.kill()

@@ -169,7 +169,9 @@ def test_a_slow_server_is_busy_within_the_deadline():
         took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("busy: ranker: no answer within"), result.stdout
-    assert took < 1.5 + 1.0, f"the check took {took:.1f} s"  # Python's start included
+    # Python's start included, with every core busy (`make test-unit` runs on all of them): the
+    # room Docker's timeout leaves past the deadline in the product (10 - 8 s).
+    assert took < 1.5 + 2.0, f"the check took {took:.1f} s"
 
 
 def test_a_dead_stub_fails_even_behind_a_503():

@@ -14,12 +14,13 @@ from tritonstack import processes
 from tritonstack.errors import UserError
 
 #: A leader that starts a child which ignores SIGTERM, prints the child's pid, then waits.
-#: `trap '' TERM` makes the leader ignore SIGTERM as well unless `leader_obeys` resets it.
+#: `trap '' TERM` makes the leader ignore SIGTERM as well unless `leader` resets it; the pid is
+#: written after `leader` ran, so a test that signals once it reads the pid meets the new trap.
 FAMILY = """
 trap '' TERM
 sleep 300 &
-echo $! > {pidfile}
 {leader}
+echo $! > {pidfile}
 wait
 """
 
