@@ -10,9 +10,16 @@
 --                 its shape declares, "<name>: ...": Triton 2.51 answers that with a 500 ("Unable
 --                 to parse 'data'"), the gateway with a 400 naming the input.
 --
+--   txn.beyond    for an input whose model bounds its variable dims (the 4th field of the
+--                 model's models.map entry: `<name in hex>=<AxB...>` per input, `;`-separated),
+--                 "<name>: ..." when its shape exceeds them in some dim: the gateway answers 400
+--                 before Triton runs a shape the model was never meant to take.
+--
 -- haproxy.cfg runs it on bodies whose format it has already checked (every shape a list of
--- integers, data numbers or booleans in nested lists); a shape of anything else counts as more
--- values than any model takes. Lua 5.3 (Debian's HAProxy 2.6) and 5.4 (the official image's).
+-- integers, data numbers, booleans or strings in nested lists); a shape of anything else counts
+-- as more values than any model takes. A model with string inputs (the map entry's 5th field is
+-- "s") has its string values blanked first, so that a comma or a bracket inside one is not read
+-- as structure. Lua 5.3 (Debian's HAProxy 2.6) and 5.4 (the official image's).
 
 -- Past this the count is "too many" whatever the model: exact in a double, and an integer in
 -- both Lua versions.
@@ -96,8 +103,88 @@ local function declared_and_sent(body)
   return declared, sent
 end
 
+-- The body with every JSON string literal of more than a plain name blanked to "_": a string
+-- value may hold commas, brackets and escaped quotes, which the searches below would read as
+-- structure. Names (plain ASCII) are kept, since the messages name the input.
+local function blank_strings(body)
+  local parts, at = {}, 1
+  while true do
+    local open = body:find('"', at, true)
+    if open == nil then
+      break
+    end
+    local close = open + 1
+    while true do
+      close = body:find('["\\]', close)
+      if close == nil or body:sub(close, close) == '"' then
+        break
+      end
+      close = close + 2 -- a backslash and the character it escapes
+    end
+    if close == nil then
+      break -- unterminated: the format check has refused such a body already
+    end
+    local literal = body:sub(open, close)
+    parts[#parts + 1] = body:sub(at, open - 1)
+    parts[#parts + 1] = literal:match('^"[%w_.%-]*"$') and literal or '"_"'
+    at = close + 1
+  end
+  parts[#parts + 1] = body:sub(at)
+  return table.concat(parts)
+end
+
+-- The largest shape of each bounded input, from the map entry's field: name (hex) -> dims.
+local function parse_bounds(field)
+  local bounds = {}
+  for entry in field:gmatch("[^;]+") do
+    local name, dims = entry:match("^(%x+)=([%dx]+)$")
+    if name ~= nil then
+      local list = {}
+      for dim in dims:gmatch("%d+") do
+        list[#list + 1] = tonumber(dim)
+      end
+      bounds[name] = list
+    end
+  end
+  return bounds
+end
+
+local function hex(text)
+  return (text:gsub(".", function(char) return string.format("%02X", char:byte()) end))
+end
+
+-- The first input whose shape exceeds its bounds, described; nil when none does.
+local function beyond(body, bounds)
+  local inputs = body:match('"inputs"%s*:%s*(%b[])')
+  if inputs == nil then
+    return nil
+  end
+  for tensor in inputs:gmatch("%b{}") do
+    local name = tensor:match('"name"%s*:%s*"([^"\\]*)"')
+    local dims = tensor:match('"shape"%s*:%s*%[([^%]]*)%]')
+    local largest = name and bounds[hex(name)]
+    if largest ~= nil and dims ~= nil then
+      local shape = {}
+      for number in dims:gmatch("%d+") do
+        shape[#shape + 1] = tonumber(number)
+      end
+      local over = #shape ~= #largest
+      for i = 1, math.min(#shape, #largest) do
+        over = over or shape[i] > largest[i]
+      end
+      if over then
+        return string.format("%s: shape [%s] is beyond the largest the model takes, [%s]",
+          name:sub(1, 64), dims:gsub("%s", ""), table.concat(largest, ","))
+      end
+    end
+  end
+  return nil
+end
+
 core.register_action("check_tensors", { "http-req" }, function(txn)
   local body = txn.f:req_body() or ""
+  local limits = txn:get_var("txn.limits") or ""
+  local bounds_field, kinds = limits:match("^[^:]*:[^:]*:[^:]*:([^:]*):?(.*)$")
   local header = txn.f:req_hdr("inference-header-content-length")
   local binary = header ~= nil and header ~= ""
   if binary then
@@ -107,6 +194,15 @@ core.register_action("check_tensors", { "http-req" }, function(txn)
       return
     end
     body = body:sub(1, length)
+  end
+  if kinds == "s" then
+    body = blank_strings(body)
+  end
+  if bounds_field ~= nil and bounds_field ~= "" then
+    local found = beyond(body, parse_bounds(bounds_field))
+    if found ~= nil then
+      txn:set_var("txn.beyond", found)
+    end
   end
   local declared, sent = declared_and_sent(body)
   local total = 0.0

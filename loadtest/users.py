@@ -205,6 +205,8 @@ class TritonUser(User):
                 return given
             return signature.sample_rows(given, rows, rng)
 
+        self.first_arrays = arrays
+        self.carried = None
         return {
             rows: [self.payload(arrays(rows)) for _ in range(PAYLOADS_PER_ROWS)]
             for rows in self.rows_choices
@@ -216,7 +218,18 @@ class TritonUser(User):
 
     def next_payload(self):
         rows = self.random.choices(self.rows_choices, self.rows_weights)[0]
+        if self.signature.state:
+            # The client carries the model's state: each request sends back what the last
+            # answer returned, so its payload is built anew (tritonstack.signature.next_state).
+            if self.carried is None:
+                self.carried = self.first_arrays(rows)
+            return rows, self.payload(self.carried)
         return rows, self.random.choice(self.payloads[rows])
+
+    def carry(self, outputs: dict[str, np.ndarray]) -> None:
+        """After a good answer: the next request's state is this answer's."""
+        if self.signature.state:
+            self.carried = self.signature.next_state(self.carried, outputs)
 
     def request_name(self, rows: int) -> str:
         return f"{self.model} rows={rows}"
@@ -261,26 +274,66 @@ class TritonHttpUser(TritonUser, FastHttpUser):
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
                 return
             try:
-                self.signature.check_answer(self.outputs(response), rows)
+                outputs = self.outputs(response)
+                self.signature.check_answer(outputs, rows)
             except self.answer_errors as exc:
                 response.failure(f"bad answer: {exc}")
             else:
+                self.carry(outputs)
                 response.success()
 
 
+def _json_values(array: np.ndarray) -> list:
+    """An array's values as JSON carries them: strings for a BYTES tensor."""
+    values = array.ravel().tolist()
+    if array.dtype == np.object_:
+        return [v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v for v in values]
+    return values
+
+
+def binary_payload(sig: signature.Signature, arrays: dict) -> tuple[bytes, dict[str, str]]:
+    """The request as tritonclient.http writes binary tensors (a JSON header, raw tensors)."""
+    tensors = []
+    for tensor in sig.inputs:
+        array = arrays[tensor.name]
+        tensors.append(httpclient.InferInput(tensor.name, list(array.shape), tensor.datatype))
+        tensors[-1].set_data_from_numpy(array, binary_data=True)
+    outputs = [
+        httpclient.InferRequestedOutput(tensor.name, binary_data=True) for tensor in sig.outputs
+    ]
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(
+        tensors, outputs=outputs
+    )
+    headers = {"Content-Type": "application/octet-stream"}
+    if json_size is not None:
+        headers["Inference-Header-Content-Length"] = str(json_size)
+    return body, headers
+
+
+def binary_outputs(sig: signature.Signature, response) -> dict[str, np.ndarray]:
+    length = response.headers.get("Inference-Header-Content-Length")
+    result = httpclient.InferenceServerClient.parse_response_body(
+        response.content, header_length=int(length) if length else None
+    )
+    return {tensor.name: result.as_numpy(tensor.name) for tensor in sig.outputs}
+
+
 class HttpJsonUser(TritonHttpUser):
-    """KServe v2 JSON over HTTP: what any client without Triton's library sends."""
+    """KServe v2 JSON over HTTP: what any client without Triton's library sends. A model with an
+    FP16 or BF16 tensor, which JSON cannot carry (Triton refuses it), gets binary tensors."""
 
     abstract = False
     user_type = "http_json"
 
     def payload(self, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        if self.signature.binary_only:
+            return binary_payload(self.signature, arrays)
         tensors = [
             {
                 "name": tensor.name,
                 "shape": list(arrays[tensor.name].shape),
                 "datatype": tensor.datatype,
-                "data": arrays[tensor.name].ravel().tolist(),
+                "data": _json_values(arrays[tensor.name]),
             }
             for tensor in self.signature.inputs
         ]
@@ -289,10 +342,12 @@ class HttpJsonUser(TritonHttpUser):
         return json.dumps(body).encode(), {"Content-Type": "application/json"}
 
     def outputs(self, response) -> dict[str, np.ndarray]:
+        if self.signature.binary_only:
+            return binary_outputs(self.signature, response)
         return {
-            out["name"]: np.array(
-                out["data"], dtype=signature.NUMPY_TYPES[out["datatype"]]
-            ).reshape(out["shape"])
+            out["name"]: np.array(out["data"], dtype=signature.numpy_type(out["datatype"])).reshape(
+                out["shape"]
+            )
             for out in response.json()["outputs"]
         }
 
@@ -310,29 +365,10 @@ class HttpBinaryUser(TritonHttpUser):
     answer_errors = (Exception,)  # a malformed body raises from deep in tritonclient
 
     def payload(self, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-        tensors = []
-        for tensor in self.signature.inputs:
-            array = arrays[tensor.name]
-            tensors.append(httpclient.InferInput(tensor.name, list(array.shape), tensor.datatype))
-            tensors[-1].set_data_from_numpy(array, binary_data=True)
-        outputs = [
-            httpclient.InferRequestedOutput(tensor.name, binary_data=True)
-            for tensor in self.signature.outputs
-        ]
-        body, json_size = httpclient.InferenceServerClient.generate_request_body(
-            tensors, outputs=outputs
-        )
-        headers = {"Content-Type": "application/octet-stream"}
-        if json_size is not None:
-            headers["Inference-Header-Content-Length"] = str(json_size)
-        return body, headers
+        return binary_payload(self.signature, arrays)
 
     def outputs(self, response) -> dict[str, np.ndarray]:
-        length = response.headers.get("Inference-Header-Content-Length")
-        result = httpclient.InferenceServerClient.parse_response_body(
-            response.content, header_length=int(length) if length else None
-        )
-        return {tensor.name: result.as_numpy(tensor.name) for tensor in self.signature.outputs}
+        return binary_outputs(self.signature, response)
 
 
 class GeventSafeGrpcClient(grpcclient.InferenceServerClient):
@@ -396,7 +432,9 @@ class GrpcUser(TritonUser):
         if result is not None:
             length = result.get_response().ByteSize()
             try:
-                self.signature.check_answer({name: result.as_numpy(name) for name in names}, rows)
+                answer = {name: result.as_numpy(name) for name in names}
+                self.signature.check_answer(answer, rows)
+                self.carry(answer)
             except Exception as exc:  # AnswerError or an undecodable tensor
                 exception = signature.AnswerError(f"bad answer: {exc}")
         self.environment.events.request.fire(

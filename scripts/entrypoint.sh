@@ -95,6 +95,14 @@ max_batch_size() {
     head -n 1
 }
 
+# The string value of config parameter $2 of model directory $1, as tritonstack add-model writes
+# it (`key: "..."`, then `string_value: "..."`); empty when the config has none.
+config_parameter() {
+  config_text "$1" | awk -v key="$2" '
+    index($0, "key: \"" key "\"") { found = 1; next }
+    found && /string_value:/ { sub(/^[^"]*"/, ""); sub(/"[[:space:]]*$/, ""); print; exit }'
+}
+
 # "name dim1xdim2..." for each entry of the top-level `input [ ... ]` block.
 config_inputs() {
   config_text "$1" | awk '
@@ -211,18 +219,28 @@ tensorrt_plan() {
   [[ $name != "$source" && -f $onnx ]] ||
     die "$name: platform tensorrt_plan without $name/1/model.plan, and no ONNX twin to build it" \
       "from (expected ${onnx}); commit a plan or name the model <onnx model>_trt"
-  max=$(max_batch_size "$model")
-  [[ -n $max && $max -gt 0 ]] || die "$name: max_batch_size must be > 0 to build a plan"
-  opt=$((OPT_BATCH < max ? OPT_BATCH : max))
-  inputs=$(config_inputs "$model")
-  [[ -n $inputs ]] || die "$name/config.pbtxt: no input with dims found"
-  local shapes=(--minShapes= --optShapes= --maxShapes=) rows=(1 "$opt" "$max") i
-  while read -r input dims; do
-    for i in 0 1 2; do
-      [[ ${shapes[i]} == *= ]] || shapes[i]+=,
-      shapes[i]+="$input:${rows[i]}x$dims"
-    done
-  done <<<"$inputs"
+  local shapes=(--minShapes= --optShapes= --maxShapes=) rows i given
+  # tritonstack add-model writes the profile from the inputs' bounds (names quoted for trtexec);
+  # a hand-written config gets one from max_batch_size and its fixed dims.
+  given=$(config_parameter "$model" tritonstack.trtexec_min_shapes)
+  if [[ -n $given ]]; then
+    shapes=("--minShapes=$given"
+      "--optShapes=$(config_parameter "$model" tritonstack.trtexec_opt_shapes)"
+      "--maxShapes=$(config_parameter "$model" tritonstack.trtexec_max_shapes)")
+  else
+    max=$(max_batch_size "$model")
+    [[ -n $max && $max -gt 0 ]] || die "$name: max_batch_size must be > 0 to build a plan"
+    opt=$((OPT_BATCH < max ? OPT_BATCH : max))
+    inputs=$(config_inputs "$model")
+    [[ -n $inputs ]] || die "$name/config.pbtxt: no input with dims found"
+    rows=(1 "$opt" "$max")
+    while read -r input dims; do
+      for i in 0 1 2; do
+        [[ ${shapes[i]} == *= ]] || shapes[i]+=,
+        shapes[i]+="$input:${rows[i]}x$dims"
+      done
+    done <<<"$inputs"
+  fi
   local build=(--onnx="$onnx" "${shapes[@]}" "${PRECISION_FLAGS[@]}")
   key="gpu=$GPU_NAME
 compute_capability=$GPU_CC

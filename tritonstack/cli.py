@@ -81,7 +81,45 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{len(problems)} problem(s) in {what}", file=sys.stderr)
         else:
             print(f"{what}: ok")
+    if args.load and not failed:
+        failed += _check_loads(args.model_repository)
     return 1 if failed else 0
+
+
+def _check_loads(repository: Path) -> int:
+    """Load the repository in the real tritonserver (the models a CPU serves): what it refuses,
+    in its own words. 1 when a model does not load."""
+    import tempfile
+
+    from tritonstack.ports import free_ports
+    from tritonstack.runtime import EmbeddedTriton
+
+    http, grpc, metrics = free_ports(3)
+    with tempfile.TemporaryDirectory(prefix="tritonstack-check-") as folder:
+        server = EmbeddedTriton(
+            repository, http, grpc, metrics, log_path=Path(folder) / "tritonserver.log",
+            exit_timeout_secs=2,
+        )  # fmt: skip
+        try:
+            server.start()
+        except UserError as exc:
+            print(f"{repository}: Triton loads none of its models: {exc}", file=sys.stderr)
+            return 1
+        server.stop(grace=10)
+    for name, reason in server.failed.items():
+        print(f"{repository}/{name}: Triton does not load it: {reason}", file=sys.stderr)
+    if server.failed:
+        print(f"{len(server.failed)} model(s) of {repository} do not load", file=sys.stderr)
+        return 1
+    skipped = f" ({', '.join(server.skipped)}: GPU hosts only)" if server.skipped else ""
+    print(f"{repository}: every model loads in tritonserver {server_version()}{skipped}")
+    return 0
+
+
+def server_version() -> str:
+    from importlib.metadata import version
+
+    return f"2.51 (nvidia-pytriton {version('nvidia-pytriton')})"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -121,7 +159,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.gateway:
             print(f"starting the gateway on {args.address}", flush=True)
             gateway = gw.from_arguments(args, server).start()
-        print(f"ready: {', '.join(server.served)}", flush=True)
+        print(f"ready: {', '.join(server.loaded)}", flush=True)
+        for name, reason in server.failed.items():
+            print(f"not loaded: {name}: {reason}", flush=True)
         if server.skipped:
             print(f"not served on CPU (GPU only): {', '.join(server.skipped)}", flush=True)
         for label, url in gw.endpoint_rows(server, gateway).items():
@@ -183,22 +223,32 @@ def cmd_infer(args: argparse.Namespace) -> int:
     model = args.model or load().default_model
     url = args.url or f"{LOOPBACK}:{HTTP_PORT if args.protocol == 'http' else GRPC_PORT}"
     signature = fetch_signature(url, model, args.protocol, args.api_key)
+    if args.steps < 1:
+        raise UserError(f"--steps {args.steps}: at least 1")
     if args.input:
         arrays = load_arrays(args.input, signature)
     else:
-        arrays = signature.random_inputs(args.rows, np.random.default_rng(args.seed))
+        rows = args.rows if args.rows is not None else min(4, signature.max_rows)
+        arrays = signature.random_inputs(rows, np.random.default_rng(args.seed))
     classified = bool(signature.labelled_outputs)
-    outputs = infer(
-        url,
-        model,
-        arrays,
-        protocol=args.protocol,
-        api_key=args.api_key,
-        classification=1 if classified else 0,
-        signature=signature,
-    )
-    for line in table(signature, outputs, classified):
-        print(line)
+    if args.steps > 1 and signature.state:
+        carried = ", ".join(f"{out} -> {name}" for name, out in signature.state.items())
+        print(f"state carried from each answer to the next request: {carried}")
+    for step in range(args.steps):
+        if args.steps > 1:
+            print(f"step {step + 1}")
+        outputs = infer(
+            url,
+            model,
+            arrays,
+            protocol=args.protocol,
+            api_key=args.api_key,
+            classification=1 if classified else 0,
+            signature=signature,
+        )
+        for line in table(signature, outputs, classified):
+            print(line)
+        arrays = signature.next_state(arrays, outputs)
     return 0
 
 
@@ -220,8 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="training seed (default: fixed)")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("check", help="validate the model repository against Triton's schema")
+    p = sub.add_parser(
+        "check",
+        help="validate the model repository against Triton's schema, then load it in Triton",
+    )
     _repository_arg(p)
+    p.add_argument(
+        "--no-load",
+        dest="load",
+        action="store_false",
+        help="only the static checks: do not load the models in the real tritonserver",
+    )
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("serve", help="run the real tritonserver on CPU, no Docker needed")
@@ -255,7 +314,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", default=None, help=f"host:port (default {LOOPBACK}:{HTTP_PORT} / :{GRPC_PORT})"
     )
     p.add_argument(
-        "--rows", type=int, default=4, help="random rows to send (1 to the model's max_batch_size)"
+        "--rows",
+        type=int,
+        default=None,
+        help="random rows to send (1 to the model's max_batch_size; default 4, or fewer)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=1,
+        help="requests to send one after the other; a model whose client carries state gets "
+        "each answer's state back in the next request (default 1)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for the random values")
     p.add_argument(

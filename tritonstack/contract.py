@@ -16,6 +16,9 @@ LOOPBACK = "127.0.0.1"
 HTTP_PORT = 8000
 GRPC_PORT = 8001
 METRICS_PORT = 8002
+#: Where `tritonstack serve` puts Triton's own ports, behind the gateway on the ports above.
+TRITON_HTTP_PORT = 18000
+TRITON_GRPC_PORT = 18001
 #: HAProxy's Prometheus exporter (GET /metrics, /healthz).
 GATEWAY_METRICS_PORT = 8404
 #: Locust's web UI and its client-side Prometheus exporter (loadtest/exporter.py).

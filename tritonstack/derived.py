@@ -52,17 +52,21 @@ def blackbox(stack: Limits, models: dict[str, Model]) -> str:
     modules = {}
     for name in stack.public_models:
         metadata, config = models[name].description()
-        body, expected = health.probe_request(metadata, config)
+        body, expected, tail = health.probe_request(metadata, config)
+        text = json.dumps(body, separators=(",", ":"))
+        headers = {"Content-Type": "application/json"}
+        if tail:  # FP16/BF16: binary tensors of zeros after the JSON
+            headers[health.HEADER_LENGTH] = str(len(text.encode()))
         modules[probe_module(name)] = {
             "prober": "http",
             "timeout": PROBE_TIMEOUT,
             "http": {
                 "method": "POST",
-                "headers": {"Content-Type": "application/json"},
+                "headers": headers,
                 "authorization": {"type": "Bearer", "credentials_file": PROBE_KEY_FILE},
                 "valid_status_codes": [200],
                 "fail_if_body_not_matches_regexp": [f'"name":"{output}"' for output in expected],
-                "body": json.dumps(body, separators=(",", ":")),
+                "body": text + tail.decode("latin-1"),
             },
         }
     intro = (

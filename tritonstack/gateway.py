@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY, processes
-from tritonstack.contract import GATEWAY_METRICS_PORT, GRPC_PORT, HTTP_PORT, LLM_MODEL, LOOPBACK
+from tritonstack.contract import (
+    GATEWAY_METRICS_PORT,
+    GRPC_PORT,
+    HTTP_PORT,
+    LLM_MODEL,
+    LOOPBACK,
+    TRITON_GRPC_PORT,
+    TRITON_HTTP_PORT,
+)
 from tritonstack.errors import UserError
 from tritonstack.limits import limits
 from tritonstack.project import project_dir
@@ -320,7 +328,6 @@ def parse_keys(path: Path) -> dict[str, str]:
 
 
 #: Where Triton listens natively when the gateway takes the client ports (loopback only).
-TRITON_HTTP_PORT, TRITON_GRPC_PORT = 18000, 18001
 
 
 def add_arguments(parser) -> None:

@@ -10,14 +10,16 @@ instances, and with one instance's stub dead only every other request fails, so 
 can pass by luck. Models: --model (repeatable), else $PUBLIC_MODELS, else PUBLIC_MODELS of the
 stack.env beside this file (the image's copy).
 
-Only a dead server fails the check (exit 1, one line per model): no connection (refused, reset),
-an error answer other than load shedding (for example "Stub process ... is not healthy", an
-unknown model), or an answer without what the metadata promises. A busy server passes (exit 0, a
-`busy:` line): 503 (a server shutting down, or a queue policy, if someone adds one, turning
+Only a dead server fails the check (exit 1, one line per model): no connection (refused, reset), an
+error answer other than load shedding (for example "Stub process ... is not healthy"), or an answer
+without what the metadata promises. A model that failed to load when the server started ("has no
+available versions") gets a `not loaded:` line and fails the check only when no model answers at
+all: restarting the server cannot load it and would stop the others. A busy server passes (exit 0,
+a `busy:` line): 503 (a server shutting down, or a queue policy, if someone adds one, turning
 requests away), or no answer before the deadline. Restarting a server because it is loaded would
 turn load into an outage. The whole check ends within --deadline (default 8 s): Docker counts a
-healthcheck running past its timeout (compose: 10 s) as a failure, so a slow server must be
-called busy before that, not cut off.
+healthcheck running past its timeout (compose: 10 s) as a failure, so a slow server must be called
+busy before that, not cut off.
 
 Standard library only: the Triton image runs this file as /opt/tritonstack/healthcheck.py (its
 Dockerfile HEALTHCHECK, compose's healthcheck, the entrypoint's watchdog, Kubernetes' probes);
@@ -50,8 +52,16 @@ STACK_ENV = Path(__file__).resolve().with_name("stack.env")
 BUSY_STATUSES = {503}
 # An UNAVAILABLE answer that means a dead stub, not load.
 DEAD_STUB = "is not healthy"
-#: A row of zeros in each KServe datatype.
-ZEROS = {"BOOL": False, "FP16": 0.0, "FP32": 0.0, "FP64": 0.0, "BF16": 0.0}
+#: A row of zeros in each KServe datatype JSON carries (strings: empty).
+ZEROS = {"BOOL": False, "FP32": 0.0, "FP64": 0.0, "BYTES": ""}
+#: Datatypes JSON cannot carry (Triton: "use the binary data format"), with their bytes per value:
+#: sent as binary tensors of zero bytes, their outputs asked for as binary.
+BINARY_ONLY = {"FP16": 2, "BF16": 2}
+#: Triton's answer for a model of the repository that failed to load (a restart cannot load it).
+NOT_LOADED = ("has no available versions", "Request for unknown model")
+#: Where tritonstack add-model writes the bounds of an input's variable dims (onnx_serving.py).
+BOUNDS_PARAMETER = "tritonstack.input_bounds"
+HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 class Dead(Exception):
@@ -60,6 +70,11 @@ class Dead(Exception):
 
 class Busy(Exception):
     """The server is alive but shedding load or slower than the deadline allows."""
+
+
+class NotLoaded(Exception):
+    """The model failed to load when the server started: the server serves the others, and
+    restarting it would not load this one (its log says why)."""
 
 
 class Deadline:
@@ -76,22 +91,36 @@ class Deadline:
         return min(self.per_request, left)
 
 
-def call(url: str, path: str, deadline: Deadline, body: dict | None = None, headers=None) -> dict:
-    """One JSON request to Triton; its answer, or Dead / Busy saying why not."""
+def call(
+    url: str, path: str, deadline: Deadline, body: dict | None = None, headers=None,
+    tail: bytes = b"",
+) -> dict:  # fmt: skip
+    """One request to Triton: a JSON body, followed by binary tensors (`tail`) if any. Its
+    answer (binary outputs under "_binary": the bytes after the JSON), or Dead / Busy /
+    NotLoaded saying why not."""
     data = None if body is None else json.dumps(body).encode()
+    extra = {HEADER_LENGTH: str(len(data))} if tail else {}
     request = urllib.request.Request(
         f"http://{url}{path}",
-        data=data,
-        headers={"Content-Type": "application/json", **(headers or {})},
+        data=None if data is None else data + tail,
+        headers={"Content-Type": "application/json", **extra, **(headers or {})},
     )
     timeout = deadline.timeout()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.load(response)
+            raw = response.read()
+            length = response.headers.get(HEADER_LENGTH)
+            if length is None:
+                return json.loads(raw)
+            answer = json.loads(raw[: int(length)])
+            answer["_binary"] = raw[int(length) :]
+            return answer
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace").strip()
         if exc.code in BUSY_STATUSES and DEAD_STUB not in detail:
             raise Busy(f"HTTP {exc.code}: {detail}") from None
+        if exc.code in (400, 404) and any(words in detail for words in NOT_LOADED):
+            raise NotLoaded(f"HTTP {exc.code}: {detail}") from None
         raise Dead(f"HTTP {exc.code} for {path}: {detail}") from None
     except TimeoutError:
         raise Busy(f"no answer within {timeout:.1f} s from {url}") from None
@@ -105,23 +134,29 @@ def call(url: str, path: str, deadline: Deadline, body: dict | None = None, head
         raise Dead(f"an answer that is not JSON: {exc}") from None
 
 
-def probe_request(metadata: Mapping, config: Mapping) -> tuple[dict, dict[str, int]]:
-    """A one-row request of zeros for the model, and each output's expected number of values."""
+def probe_request(metadata: Mapping, config: Mapping) -> tuple[dict, dict[str, int], bytes]:
+    """A one-row request of zeros for the model at each input's opt shape (the bounds
+    add-model writes; 1 for a variable dim without them), each output's expected number of
+    values, and the binary tensors that follow the JSON (FP16 and BF16 travel only so)."""
     batched = int(config.get("max_batch_size", 0) or 0) > 0
-    inputs = []
+    described = config.get("parameters", {}).get(BOUNDS_PARAMETER, {}).get("string_value")
+    bounds = json.loads(described) if described else {}
+    inputs, tail = [], b""
     for tensor in metadata.get("inputs", []):
         shape = [max(int(d), 1) for d in tensor["shape"]]  # the batch dim (-1) and any -1 as 1
-        if batched:
+        opt = bounds.get(tensor["name"], {}).get("opt")
+        if opt is not None:
+            shape = [1, *opt] if batched else list(opt)
+        elif batched:
             shape[0] = 1
-        zero = ZEROS.get(tensor["datatype"], 0)
-        inputs.append(
-            {
-                "name": tensor["name"],
-                "shape": shape,
-                "datatype": tensor["datatype"],
-                "data": [zero] * math.prod(shape),
-            }
-        )
+        entry = {"name": tensor["name"], "shape": shape, "datatype": tensor["datatype"]}
+        size = BINARY_ONLY.get(tensor["datatype"])
+        if size is not None:
+            entry["parameters"] = {"binary_data_size": size * math.prod(shape)}
+            tail += bytes(size * math.prod(shape))
+        else:
+            entry["data"] = [ZEROS.get(tensor["datatype"], 0)] * math.prod(shape)
+        inputs.append(entry)
     labelled = {o["name"] for o in config.get("output", []) if o.get("label_filename")}
     outputs, expected = [], {}
     for tensor in metadata.get("outputs", []):
@@ -129,24 +164,34 @@ def probe_request(metadata: Mapping, config: Mapping) -> tuple[dict, dict[str, i
         if name in labelled:  # the top class's "score:index:label", one per row
             outputs.append({"name": name, "parameters": {"classification": 1}})
             expected[name] = 1
+            continue
+        dims = [int(d) for d in tensor["shape"]]
+        count = -1 if any(d < 0 for d in dims[batched:]) else math.prod(dims[batched:])
+        if tensor["datatype"] in BINARY_ONLY:
+            outputs.append({"name": name, "parameters": {"binary_data": True}})
+            count = count * BINARY_ONLY[tensor["datatype"]] if count >= 0 else -1
         else:
             outputs.append({"name": name})
-            dims = [int(d) for d in tensor["shape"]]
-            expected[name] = -1 if any(d < 0 for d in dims[batched:]) else math.prod(dims[batched:])
-    return {"inputs": inputs, "outputs": outputs}, expected
+        expected[name] = count
+    return {"inputs": inputs, "outputs": outputs}, expected, tail
 
 
 def check_answer(answer: Mapping, expected: Mapping[str, int]) -> str:
-    """A short summary of a good answer; Dead when an output is missing or of the wrong size."""
+    """A short summary of a good answer; Dead when an output is missing or of the wrong size
+    (a binary output's size in bytes)."""
     found = {o.get("name"): o for o in answer.get("outputs", [])}
     for name, count in expected.items():
         output = found.get(name)
-        if output is None or not isinstance(output.get("data"), list):
-            raise Dead(f"no {name} in the answer: {json.dumps(answer)[:200]}")
-        if count >= 0 and len(output["data"]) != count:
-            raise Dead(f"{name} holds {len(output['data'])} values, the metadata says {count}")
+        binary = (output or {}).get("parameters", {}).get("binary_data_size")
+        if output is None or (binary is None and not isinstance(output.get("data"), list)):
+            raise Dead(f"no {name} in the answer: {json.dumps(answer, default=str)[:200]}")
+        size = binary if binary is not None else len(output["data"])
+        if count >= 0 and size != count:
+            unit = "bytes" if binary is not None else "values"
+            raise Dead(f"{name} holds {size} {unit}, the metadata says {count}")
     first = next(iter(expected))
-    return f"{first}={str(found[first]['data'][:2])[:60]}"
+    shown = found[first].get("data", found[first].get("parameters"))
+    return f"{first}={str(shown[:2] if isinstance(shown, list) else shown)[:60]}"
 
 
 def probe(
@@ -167,11 +212,12 @@ def probe(
         cached = probe_request(metadata, config)
         if not cached[1]:
             raise Dead(f"{model}'s metadata lists no outputs")
-    body, expected = cached
+    body, expected, tail = cached
     summary = ""
     try:
         for _ in range(max(repeat, 1)):
-            summary = check_answer(call(url, f"{base}/infer", deadline, body, headers), expected)
+            answer = call(url, f"{base}/infer", deadline, body, headers, tail)
+            summary = check_answer(answer, expected)
     except Dead:
         if requests is not None:
             requests.pop(model, None)  # a restarted server may serve another version
@@ -189,19 +235,22 @@ def probe_models(
     repeat: int = REPEAT,
     headers=None,
     requests: dict | None = None,
-) -> tuple[list[str], list[str], list[str]]:
-    """(healthy, busy, dead) lines, one per model, within one deadline."""
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(healthy, busy, dead, not loaded) lines, one per model, within one deadline."""
     deadline = Deadline(deadline_s, timeout_s)
-    healthy, busy, dead = [], [], []
+    healthy, busy, dead, unloaded = [], [], [], []
     for model in models:
         try:
             summary = probe(url, model, deadline, repeat, headers, requests)
             healthy.append(f"healthy: {model}: {summary}")
         except Busy as exc:
             busy.append(f"busy: {model}: {exc}")
+        except NotLoaded as exc:
+            unloaded.append(f"not loaded: {model}: {exc} (it failed to load at start; Triton's "
+                            "log says why, and a restart would not load it)")  # fmt: skip
         except Dead as exc:
             dead.append(f"unhealthy: {model}: {exc}")
-    return healthy, busy, dead
+    return healthy, busy, dead, unloaded
 
 
 def public_models(environ: Mapping[str, str] = os.environ, stack_env: Path = STACK_ENV) -> list:
@@ -235,12 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     if not models:
         print("error: no model to call: pass --model, or set PUBLIC_MODELS", file=sys.stderr)
         return 2
-    healthy, busy, dead = probe_models(args.url, models, args.deadline, args.timeout, args.repeat)
+    found = probe_models(args.url, models, args.deadline, args.timeout, args.repeat)
+    healthy, busy, dead, unloaded = found
     for line in healthy + busy:
         print(line)
-    for line in dead:
+    for line in unloaded + dead:
         print(line, file=sys.stderr)
-    return 1 if dead else 0
+    # A model that failed to load is reported, not a reason to restart the server: that would
+    # not load it, and would take every other model down meanwhile.
+    return 1 if dead or (unloaded and not healthy and not busy) else 0
 
 
 if __name__ == "__main__":

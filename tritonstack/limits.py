@@ -21,6 +21,7 @@ from tritonstack.contract import LLM_MODEL
 from tritonstack.errors import UserError
 from tritonstack.repository import Model, iter_models
 from tritonstack.settings import Settings, load
+from tritonstack.signature import BOUNDS_PARAMETER
 
 #: Longest JSON rendering of one value plus its separator ("-1.2345678901234567e-05, "; an
 #: INT64 or a boolean is shorter): what one tensor value of a JSON request can cost in bytes.
@@ -60,32 +61,60 @@ VALUE_BYTES = {
 }
 
 
+#: What one value of a string input may cost beyond its bytes: as JSON, a byte may be written
+#: as a 6-character escape (\u0001), plus the quotes and a separator; as a binary tensor, each
+#: value is prefixed with its 4-byte length.
+JSON_STRING_COST = (6, 4)
+BINARY_STRING_PREFIX = 4
+
+
 @dataclass(frozen=True)
 class ModelLimits:
-    """One public model's bounds: the values one request may declare, and their bytes."""
+    """One public model's bounds: the values one request may declare, their bytes as JSON and as
+    binary tensors, and the largest shape each input with variable dims may declare."""
 
     model: str
     max_values: int
     max_bytes: int
     inputs: int
+    #: JSON bytes of the values beyond JSON_BYTES_PER_VALUE each (string inputs' text)
+    json_extra: int = 0
+    #: input name -> its largest request shape (the batch first when the model batches)
+    max_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: whether an input holds strings (the gateway's tensor check reads them with care)
+    strings: bool = False
 
     @property
     def json_body(self) -> int:
+        """The largest JSON body: a full batch written out, at most MAX_BODY (a request past
+        that can only travel as binary tensors, which Triton takes up to MAX_BODY too)."""
         envelope = ENVELOPE_BYTES + ENVELOPE_BYTES_PER_INPUT * self.inputs
-        return self.max_values * JSON_BYTES_PER_VALUE + envelope
+        return min(self.max_values * JSON_BYTES_PER_VALUE + self.json_extra + envelope, MAX_BODY)
 
     @property
     def binary_body(self) -> int:
         return self.max_bytes + BINARY_HEADER_BYTES
 
     def map_line(self) -> str:
-        """`<model> <values>:<JSON body bytes>:<binary body bytes>`: HAProxy's map entry."""
-        return f"{self.model} {self.max_values}:{self.json_body}:{self.binary_body}"
+        """`<model> <values>:<JSON bytes>:<binary bytes>:<shapes>:<kinds>`: HAProxy's map entry.
+        Shapes: `;`-separated `<name, hex>=<AxB...>` of the inputs with variable dims (names in
+        hex, so any name can sit in the line), empty when there are none; kinds: `s` when an
+        input holds strings."""
+        shapes = ";".join(
+            f"{name.encode().hex().upper()}={'x'.join(str(d) for d in dims)}"
+            for name, dims in self.max_shapes
+        )
+        kinds = "s" if self.strings else ""
+        return (
+            f"{self.model} {self.max_values}:{self.json_body}:{self.binary_body}:{shapes}:{kinds}"
+        )
 
 
 def model_limits(model: Model) -> ModelLimits:
     """A public model's bounds from its config.pbtxt; a UserError says why a model cannot be
-    public (the gateway must bound every request from the model's fixed dims)."""
+    public (the gateway must bound every request: fixed dims, or bounds for variable ones)."""
+    from tritonstack.signature import Signature
+
     config = model.config
     where = f"{model.directory}/config.pbtxt"
     if not config.input:
@@ -93,31 +122,51 @@ def model_limits(model: Model) -> ModelLimits:
             f"{where}: declares no inputs; a public model declares them (the gateway bounds its "
             "requests from their dims; `tritonstack add-model` writes them from the ONNX graph)"
         )
+    signature = Signature.from_model(model)
     rows = config.max_batch_size if config.max_batch_size > 0 else 1
-    values = size = 0
-    for tensor in config.input:
-        datatype = model_config_type(tensor.data_type)
-        if datatype not in VALUE_BYTES:
-            raise UserError(
-                f"{where}: input {tensor.name} is {datatype}: a public model takes numeric or "
-                "boolean tensors, whose size the gateway can bound from their dims; serve string "
-                "inputs behind a model of this repository that is public"
+    values = size = extra = 0
+    shapes = []
+    for tensor, io in zip(signature.inputs, config.input, strict=True):
+        datatype = model_config_type(io.data_type)
+        dims = list(tensor.dims)
+        if any(d < 1 for d in dims):
+            if tensor.bounds is None:
+                raise UserError(
+                    f"{where}: input {tensor.name} has dims {dims} and no bounds for the "
+                    f"variable ones (the {BOUNDS_PARAMETER} parameter): the gateway must bound "
+                    "every request; `tritonstack add-model --shape NAME=MIN:OPT:MAX` writes them"
+                )
+            dims = list(tensor.bounds[2])
+            shapes.append(
+                (tensor.name, tuple([rows, *dims] if config.max_batch_size > 0 else dims))
             )
-        if any(d < 1 for d in tensor.dims):
-            raise UserError(
-                f"{where}: input {tensor.name} has dims {list(tensor.dims)}: a public model's "
-                "dims are fixed (besides the batch dimension), so the gateway can bound each "
-                "request; give every dim its size"
-            )
-        count = rows * math.prod(tensor.dims)
+        count = rows * math.prod(dims)
         values += count
-        size += count * VALUE_BYTES[datatype]
-    found = ModelLimits(model.name, values, size, len(config.input))
-    if found.json_body > MAX_BODY:
+        if datatype == "TYPE_STRING":
+            if tensor.max_bytes is None:
+                raise UserError(
+                    f"{where}: input {tensor.name} holds strings and no bound of their size "
+                    f"(max_bytes in the {BOUNDS_PARAMETER} parameter): the gateway must bound "
+                    "every request; `tritonstack add-model --max-string-bytes N` writes it"
+                )
+            per_byte, framing = JSON_STRING_COST
+            extra += count * (per_byte * tensor.max_bytes + framing)
+            size += count * (BINARY_STRING_PREFIX + tensor.max_bytes)
+        elif datatype in VALUE_BYTES:
+            size += count * VALUE_BYTES[datatype]
+        else:
+            raise UserError(
+                f"{where}: input {tensor.name} is {datatype}, which Triton does not serve"
+            )
+    found = ModelLimits(
+        model.name, values, size, len(config.input), extra, tuple(shapes), strings=extra > 0
+    )
+    if found.binary_body > MAX_BODY:
         raise UserError(
-            f"{where}: a full batch of {rows} rows is {found.json_body:,} bytes as JSON, over "
-            f"the {MAX_BODY:,} bytes a request may have (Triton's --http-max-input-size): "
-            "lower max_batch_size"
+            f"{where}: a full batch of {rows} rows at the inputs' largest shapes is "
+            f"{found.binary_body:,} bytes even as binary tensors, over the {MAX_BODY:,} bytes a "
+            "request may have (Triton's --http-max-input-size): lower max_batch_size or the "
+            "inputs' max bounds (--shape)"
         )
     return found
 

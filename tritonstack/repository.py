@@ -73,7 +73,12 @@ class Model:
             "outputs": tensors(config.output),
         }
         outputs = [{"name": o.name, "label_filename": o.label_filename} for o in config.output]
-        return metadata, {"max_batch_size": config.max_batch_size, "output": outputs}
+        parameters = {k: {"string_value": v.string_value} for k, v in config.parameters.items()}
+        return metadata, {
+            "max_batch_size": config.max_batch_size,
+            "output": outputs,
+            "parameters": parameters,
+        }
 
     def parameter(self, key: str) -> str | None:
         value = self.config.parameters.get(key)

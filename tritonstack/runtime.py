@@ -48,6 +48,7 @@ SHM_DIR = Path("/dev/shm")
 #: Error lines tritonserver logs on every start without a GPU; harmless, so not repeated to users.
 CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "unable to create stream")
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backends"
+ONNXRUNTIME_RULES = Path(__file__).resolve().parent / "onnxruntime_rules.py"
 SHARED_FLAGS = project_dir() / "scripts" / "tritonserver.flags"
 #: How the embedded runtime tells the `vllm` backend which model to serve (backends/vllm/model.py).
 LLM_MODEL_ENV = "TRITONSTACK_LLM_MODEL"
@@ -132,6 +133,8 @@ def prepare_backends(cache_dir: Path) -> Path:
     _sync_file(stub, backends / "python" / STUB_EXECUTABLE)
     for source in sorted(BACKEND_SOURCES.glob("*/model.py")):
         _sync_file(source, backends / source.parent.name / "model.py")
+    # The onnxruntime backend applies Triton's C++ backend's rules from its own directory.
+    _sync_file(ONNXRUNTIME_RULES, backends / "onnxruntime" / ONNXRUNTIME_RULES.name)
     return backends
 
 
@@ -176,6 +179,8 @@ class EmbeddedTriton(processes.Endpoints):
     #: The Python stubs of a ready server, by model instance: the processes dead_stubs() watches.
     stubs: dict[str, psutil.Process] = field(default_factory=dict, init=False)
     skipped: list[str] = field(default_factory=list, init=False)
+    #: Models that failed to load, with Triton's reason: the server serves the others.
+    failed: dict[str, str] = field(default_factory=dict, init=False)
     shm_prefix: str = field(default_factory=lambda: f"tritonstack_{uuid.uuid4().hex[:12]}_")
     admin_key: str = field(default_factory=load_admin_key, repr=False)
 
@@ -289,28 +294,53 @@ class EmbeddedTriton(processes.Endpoints):
                 dead.append(instance)
         return dead
 
+    @property
+    def loaded(self) -> list[str]:
+        """The served models that loaded."""
+        return [m for m in self.served if m not in self.failed]
+
+    def repository_index(self, timeout: float = 5.0) -> dict[str, tuple[str, str]]:
+        """Triton's repository index (a restricted API: the admin key): {model: (state,
+        reason)}, READY for a loaded model, UNAVAILABLE with Triton's reason for a failed one."""
+        import json
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/index", data=b"{}", headers=self.admin_headers
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            index = json.load(answer)
+        return {m["name"]: (m.get("state", ""), m.get("reason", "")) for m in index}
+
     def _wait_ready(self, timeout: float) -> None:
+        """Until the initial load has ended (the server reports ready: --strict-readiness=false
+        makes that the end of loading, whatever each model did), then read which models failed
+        and why. A model that fails leaves the others served (--exit-on-error=false); only when
+        none loaded is it an error."""
+
         # Plain urllib, not tritonclient: its gevent hub prints and swallows an exception that
         # a signal handler raises while the hub runs, which would lose a Ctrl-C during start.
-        waiting = list(self.served)
-
-        def all_ready() -> bool:
-            nonlocal waiting
-            waiting = [
-                m
-                for m in waiting
-                if not processes.http_ok(f"http://{self.http_url}/v2/models/{m}/ready")
-            ]
-            return not waiting
+        def settled() -> bool:
+            return processes.http_ok(f"http://{self.http_url}/v2/health/ready")
 
         processes.wait_ready(
             self.process,
-            all_ready,
+            settled,
             timeout,
             "tritonserver",
-            waiting_for=lambda: f"models {waiting}",
+            waiting_for=lambda: f"models {self.served} to load",
             details=self._log_hint,
         )
+        index = self.repository_index()
+        self.failed = {
+            name: " ".join(index.get(name, ("", "not in the repository index"))[1].split())
+            or "not loaded"
+            for name in self.served
+            if index.get(name, ("",))[0] != "READY"
+        }
+        if self.served and not self.loaded:
+            reasons = "; ".join(f"{name}: {reason}" for name, reason in self.failed.items())
+            raise UserError(f"no model loaded: {reasons}{self._log_hint()}")
 
     def _log_hint(self) -> str:
         """The server's own error lines, minus the CUDA noise every CPU-only start prints."""

@@ -22,7 +22,7 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +30,13 @@ import numpy as np
 from tritonstack.errors import UserError
 
 #: Random inputs when none are given: floats uniform in [-1, 1], integers 0-9 (integer inputs
-#: are usually indices into a vocabulary or a table, so small non-negative values are valid).
+#: are usually indices into a vocabulary or a table, so small non-negative values are valid),
+#: strings of a few lowercase letters.
 FLOAT_RANGE = (-1.0, 1.0)
 INTEGER_RANGE = (0, 9)
-#: KServe datatypes and the numpy types their values take.
+WORD_LENGTHS = (3, 8)
+#: KServe datatypes and the numpy types their values take (BF16: ml_dtypes.bfloat16, which
+#: tritonclient takes, imported only for a model that has such a tensor).
 NUMPY_TYPES = {
     "BOOL": np.bool_,
     "INT8": np.int8,
@@ -49,6 +52,48 @@ NUMPY_TYPES = {
     "FP64": np.float64,
     "BYTES": np.object_,
 }
+#: Datatypes that JSON cannot carry: Triton answers "use the binary data format" (its HTTP
+#: frontend, http_server.cc); every client sends and asks for them as binary tensors.
+BINARY_ONLY = frozenset({"FP16", "BF16"})
+#: The config parameters in which tritonstack add-model writes what Triton has no field for
+#: (tritonstack.onnx_serving says what): each input's bounds, and the state the client carries.
+BOUNDS_PARAMETER = "tritonstack.input_bounds"
+STATE_PARAMETER = "tritonstack.client_state"
+
+
+def numpy_type(datatype: str):
+    """The numpy type of a KServe datatype's values."""
+    if datatype == "BF16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    try:
+        return NUMPY_TYPES[datatype]
+    except KeyError:
+        raise UserError(f"datatype {datatype} is not supported") from None
+
+
+def random_values(datatype: str, shape, rng: np.random.Generator) -> np.ndarray:
+    """Made-up values of one tensor: FLOAT_RANGE, INTEGER_RANGE, booleans, short words."""
+    kind = np.dtype(numpy_type(datatype)).kind
+    if datatype == "BYTES":
+        count = int(np.prod(shape, dtype=np.int64))
+        lengths = rng.integers(WORD_LENGTHS[0], WORD_LENGTHS[1] + 1, size=count)
+        letters = rng.integers(ord("a"), ord("z") + 1, size=int(lengths.sum()), dtype=np.uint8)
+        words, start = [], 0
+        for length in lengths:
+            words.append(letters[start : start + length].tobytes())
+            start += length
+        return np.array(words, dtype=np.object_).reshape(shape)
+    if kind == "f" or datatype == "BF16":
+        values = rng.uniform(*FLOAT_RANGE, size=shape)
+    elif kind in "iu":
+        values = rng.integers(INTEGER_RANGE[0], INTEGER_RANGE[1] + 1, size=shape)
+    elif kind == "b":
+        values = rng.integers(0, 2, size=shape).astype(bool)
+    else:
+        raise UserError(f"no made-up values for datatype {datatype}: pass --input")
+    return np.ascontiguousarray(np.asarray(values).astype(numpy_type(datatype)))
 
 
 class AnswerError(Exception):
@@ -58,25 +103,40 @@ class AnswerError(Exception):
 @dataclass(frozen=True)
 class Tensor:
     """One input or output: its name, KServe datatype and dims without the batch dimension
-    (-1: any size); `labelled` for an output with a labels file (classification extension)."""
+    (-1: any size); `labelled` for an output with a labels file (classification extension);
+    for an input with variable dims, their bounds (min, opt, max dims), and for a string input
+    the bytes one value may hold, where the model's config says them."""
 
     name: str
     datatype: str
     dims: tuple[int, ...]
     labelled: bool = False
+    bounds: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+    max_bytes: int | None = None
 
     @property
     def numpy_type(self):
         try:
-            return NUMPY_TYPES[self.datatype]
-        except KeyError:
+            return numpy_type(self.datatype)
+        except UserError:
             raise UserError(
                 f"tensor {self.name}: datatype {self.datatype} is not supported"
             ) from None
 
     @property
+    def binary_only(self) -> bool:
+        return self.datatype in BINARY_ONLY
+
+    @property
+    def opt_dims(self) -> tuple[int, ...]:
+        """The dims a made-up request sends: the opt bound, else 1 for each variable dim."""
+        if self.bounds is not None:
+            return self.bounds[1]
+        return tuple(d if d > 0 else 1 for d in self.dims)
+
+    @property
     def values_per_row(self) -> int:
-        return math.prod(self.dims)
+        return math.prod(self.opt_dims)
 
 
 @dataclass(frozen=True)
@@ -88,6 +148,8 @@ class Signature:
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
     max_batch_size: int
+    #: input -> the output whose value the client sends back into it on the next call
+    state: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def batched(self) -> bool:
@@ -106,6 +168,7 @@ class Signature:
         """From Triton's JSON answers to GET /v2/models/<m> and /v2/models/<m>/config."""
         max_batch_size = int(config.get("max_batch_size", 0) or 0)
         labelled = {o["name"] for o in config.get("output", []) if o.get("label_filename")}
+        described = parameter_json(config, BOUNDS_PARAMETER)
 
         def tensors(entries, with_labels: bool) -> tuple[Tensor, ...]:
             found = []
@@ -113,8 +176,19 @@ class Signature:
                 shape = [int(d) for d in entry["shape"]]
                 dims = tuple(shape[1:] if max_batch_size > 0 else shape)
                 name = entry["name"]
+                facts = described.get(name, {}) if not with_labels else {}
+                bounds = None
+                if "min" in facts:
+                    bounds = tuple(tuple(int(d) for d in facts[w]) for w in ("min", "opt", "max"))
                 found.append(
-                    Tensor(name, entry["datatype"], dims, with_labels and name in labelled)
+                    Tensor(
+                        name,
+                        entry["datatype"],
+                        dims,
+                        with_labels and name in labelled,
+                        bounds,
+                        facts.get("max_bytes"),
+                    )
                 )
             return tuple(found)
 
@@ -123,6 +197,7 @@ class Signature:
             inputs=tensors(metadata.get("inputs", []), False),
             outputs=tensors(metadata.get("outputs", []), True),
             max_batch_size=max_batch_size,
+            state=dict(parameter_json(config, STATE_PARAMETER)),
         )
 
     @classmethod
@@ -138,31 +213,35 @@ class Signature:
             )
             raise UserError(f"{self.model} takes {allowed} rows per request, not {rows}")
 
+    @property
+    def binary_only(self) -> bool:
+        """Whether a tensor of the model cannot travel as JSON (FP16, BF16)."""
+        return any(t.binary_only for t in (*self.inputs, *self.outputs))
+
     def shape(self, tensor: Tensor, rows: int) -> list[int]:
-        """The request shape of `tensor` for `rows` rows (variable dims as 1)."""
-        dims = [d if d > 0 else 1 for d in tensor.dims]
+        """The request shape of `tensor` for `rows` rows (variable dims at their opt bound)."""
+        dims = list(tensor.opt_dims)
         return [rows, *dims] if self.batched else dims
 
     def random_inputs(self, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """`rows` rows of each input, random within FLOAT_RANGE / INTEGER_RANGE."""
+        """`rows` rows of each input at its opt shape, made up (random_values)."""
         self.check_rows(rows)
-        arrays = {}
-        for tensor in self.inputs:
-            shape = self.shape(tensor, rows)
-            kind = np.dtype(tensor.numpy_type).kind
-            if kind == "f":
-                values = rng.uniform(*FLOAT_RANGE, size=shape)
-            elif kind in "iu":
-                values = rng.integers(INTEGER_RANGE[0], INTEGER_RANGE[1] + 1, size=shape)
-            elif kind == "b":
-                values = rng.integers(0, 2, size=shape).astype(bool)
-            else:
-                raise UserError(
-                    f"{self.model}: input {tensor.name} is {tensor.datatype}; random values are "
-                    "made for numbers and booleans only: pass --input with the values to send"
-                )
-            arrays[tensor.name] = np.ascontiguousarray(values, dtype=tensor.numpy_type)
-        return arrays
+        return {
+            tensor.name: random_values(tensor.datatype, self.shape(tensor, rows), rng)
+            for tensor in self.inputs
+        }
+
+    def next_state(
+        self, arrays: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """The inputs of the next call of a model whose client carries state: `arrays` with each
+        state input replaced by the output the previous answer returned for it."""
+        following = dict(arrays)
+        for name, output in self.state.items():
+            if output in outputs and outputs[output] is not None:
+                tensor = next(t for t in self.inputs if t.name == name)
+                following[name] = np.ascontiguousarray(outputs[output], dtype=tensor.numpy_type)
+        return following
 
     def inputs_from_arrays(self, arrays: Mapping[str, np.ndarray], source: str) -> dict:
         """Given arrays by input name (one row set for every input), checked against the model
@@ -182,16 +261,31 @@ class Signature:
             if self.batched and array.ndim == len(dims):
                 array = array[np.newaxis]
             got = list(array.shape[1:] if self.batched else array.shape)
+            low, high = (tensor.bounds[0], tensor.bounds[2]) if tensor.bounds else (dims, dims)
             if len(got) != len(dims) or any(
-                d > 0 and d != g for d, g in zip(dims, got, strict=True)
+                (d > 0 and d != g) or (d < 0 and not lo <= g <= (hi if hi > 0 else g))
+                for d, g, lo, hi in zip(dims, got, low, high, strict=True)
             ):
                 wanted = ["rows", *dims] if self.batched else dims
+                within = ""
+                if tensor.bounds:
+                    within = f", each variable dim from {list(low)} to {list(high)}"
                 raise UserError(
                     f"{source}: input {tensor.name} has shape {list(array.shape)}; "
-                    f"{self.model} takes {wanted} (-1: any size)"
+                    f"{self.model} takes {wanted} (-1: variable{within})"
                 )
+            if tensor.max_bytes is not None and array.dtype == np.object_:
+                longest = max((len(_as_bytes(v)) for v in array.reshape(-1)), default=0)
+                if longest > tensor.max_bytes:
+                    raise UserError(
+                        f"{source}: input {tensor.name} holds a value of {longest} bytes; "
+                        f"{self.model} takes at most {tensor.max_bytes} per value"
+                    )
             want = np.dtype(tensor.numpy_type)
-            if want.kind != "O" and not np.can_cast(array.dtype, want, casting="same_kind"):
+            if want.kind == "O":
+                array = np.array([_as_bytes(v) for v in array.reshape(-1)],
+                                 dtype=np.object_).reshape(array.shape)  # fmt: skip
+            elif array.dtype != want and not np.can_cast(array.dtype, want, casting="same_kind"):
                 raise UserError(
                     f"{source}: input {tensor.name} holds {array.dtype} values; {self.model} takes "
                     f"{tensor.datatype}: convert the array (numpy .astype)"
@@ -236,6 +330,21 @@ class Signature:
                 raise AnswerError(f"output {tensor.name} is {value.dtype}, expected {want}")
             if want.kind == "f" and not np.all(np.isfinite(value)):
                 raise AnswerError(f"output {tensor.name} holds values that are not finite")
+
+
+def _as_bytes(value) -> bytes:
+    """A string tensor's value as Triton carries it: bytes (str is sent as UTF-8)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, np.bytes_):
+        return bytes(value)
+    return str(value).encode()
+
+
+def parameter_json(config: Mapping, key: str) -> dict:
+    """A config parameter's string value read as JSON (empty when absent)."""
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    return json.loads(value) if value else {}
 
 
 def check_classification(tensor: Tensor, value: np.ndarray, rows: int | None, classes: int) -> None:

@@ -344,7 +344,9 @@ def run(args: argparse.Namespace) -> int:
         starting = False
 
         triton = stack.triton
-        print(f"ready: {', '.join(triton.served)}", flush=True)
+        print(f"ready: {', '.join(triton.loaded)}", flush=True)
+        for name, reason in triton.failed.items():
+            print(f"not loaded: {name}: {reason}", flush=True)
         if triton.skipped:
             print(f"not served on CPU (GPU only): {', '.join(triton.skipped)}", flush=True)
         rows = {**gw.endpoint_rows(triton, stack.gateway), **urls}

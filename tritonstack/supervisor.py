@@ -137,7 +137,8 @@ class Restart:
 @dataclass
 class Supervisor:
     server: EmbeddedTriton
-    #: The models the deep probe calls (the public ones the server serves; `serve` passes them).
+    #: The models the deep probe calls; default: the public ones the server loaded (one that
+    #: failed to load is reported at start, and restarting would not load it).
     models: tuple[str, ...] = ()
     interval: float = 1.0
     failures_to_restart: int = 2
@@ -153,10 +154,6 @@ class Supervisor:
     #: The probe's requests, built once from each model's metadata.
     requests: dict = field(default_factory=dict, init=False)
 
-    def __post_init__(self) -> None:
-        if not self.models:
-            self.models = probed_models(self.server.served)
-
     def check(self) -> tuple[Failure, str] | None:
         """One look at the server: None when healthy, else what failed and why."""
         process = self.server.process
@@ -165,9 +162,9 @@ class Supervisor:
         dead = self.server.dead_stubs()
         if dead:
             return Failure.DEAD, f"Python stub exited: {', '.join(dead)}"
-        _, busy, dead = health.probe_models(
+        _, busy, dead, _ = health.probe_models(
             self.server.http_url,
-            self.models,
+            self.models or probed_models(self.server.loaded),
             deadline_s=self.probe_timeout * 2,
             timeout_s=self.probe_timeout,
             requests=self.requests,
@@ -177,7 +174,7 @@ class Supervisor:
         if busy:
             return Failure.BUSY, busy[0]
         reason = None
-        if LLM_MODEL in self.server.served:
+        if LLM_MODEL in self.server.loaded:
             reason = llm_probe(self.server.http_url, self.llm_probe_timeout)
         return None if reason is None else (classify_failure(reason), reason)
 

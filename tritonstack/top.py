@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tritonstack.contract import LOOPBACK, METRICS_PORT
+from tritonstack.contract import LOOPBACK, METRICS_PORT, TRITON_HTTP_PORT
 from tritonstack.errors import UserError
 
 SUCCESS = "nv_inference_request_success"
@@ -174,6 +174,39 @@ def sample(url: str, interval: float) -> tuple[list[ModelRates], float]:
     return rates(before, after, seconds), seconds
 
 
+def not_loaded(server: str | None, timeout: float = 2.0) -> dict[str, str]:
+    """{model: Triton's reason} for the models that failed to load, from the repository index
+    of Triton at `server` (host:port of its own HTTP port; a restricted API, so this machine's
+    admin key is sent); empty when it cannot be asked."""
+    if not server:
+        return {}
+    import json
+    import urllib.request
+
+    from tritonstack.contract import ADMIN_HEADER
+    from tritonstack.runtime import load_admin_key
+
+    try:
+        request = urllib.request.Request(
+            f"http://{server}/v2/repository/index",
+            data=b"{}",
+            headers={ADMIN_HEADER: load_admin_key()},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            index = json.load(answer)
+    except Exception:  # another server, another key, a gateway in front: nothing to say
+        return {}
+    return {
+        m["name"]: " ".join(m.get("reason", "").split()) or m.get("state", "")
+        for m in index
+        if m.get("state") not in ("READY", None)
+    }
+
+
+def unloaded_lines(server: str | None) -> str:
+    return "".join(f"\nnot loaded: {name}: {why}" for name, why in not_loaded(server).items())
+
+
 def _title(url: str, seconds: float) -> str:
     return f"Triton {url}  over {seconds:.1f} s  at {time.strftime('%H:%M:%S')}"
 
@@ -188,6 +221,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--interval", type=float, default=1.0, help="seconds between refreshes (default: 1)"
     )
     parser.add_argument(
+        "--server",
+        default=f"{LOOPBACK}:{TRITON_HTTP_PORT}",
+        help="Triton's own HTTP host:port, asked which models failed to load and why "
+        "(default: %(default)s, where `tritonstack serve` puts it; '' to skip)",
+    )
+    parser.add_argument(
         "--once", action="store_true", help="print one table (two scrapes --interval apart), exit"
     )
 
@@ -198,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     if args.once:
         rows, seconds = sample(args.url, args.interval)
         print(_title(args.url, seconds))
-        print(table(rows), flush=True)
+        print(table(rows) + unloaded_lines(args.server), flush=True)
         return 0
     before = _scrape(args.url)  # an unreachable URL at start is an error, later a status line
     start = time.monotonic()
@@ -213,9 +252,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             now = time.monotonic()
             rows = rates(before, after, now - start)
-            sys.stdout.write(
-                f"{CLEAR}{_title(args.url, now - start)}\n{table(rows)}\n\nCtrl-C quits\n"
-            )
+            shown = table(rows) + unloaded_lines(args.server)
+            sys.stdout.write(f"{CLEAR}{_title(args.url, now - start)}\n{shown}\n\nCtrl-C quits\n")
             sys.stdout.flush()
             before, start = after, now
     except KeyboardInterrupt:

@@ -90,8 +90,8 @@ def test_add_model_writes_the_model_and_everything_derived_from_it(project):
         )
         assert check.returncode == 0, check.stderr
     # ... and each names the new models: the gateway's map, the deep probe, Kubernetes' copies.
-    assert re.search(r"^ranker 1664:\d+:\d+$", (project / "gateway/models.map").read_text(), re.M)
-    assert re.search(r"^linear 40:\d+:\d+$", (project / "gateway/models.map").read_text(), re.M)
+    assert re.search(r"^ranker 1664:\d+:\d+::$", (project / "gateway/models.map").read_text(), re.M)
+    assert re.search(r"^linear 40:\d+:\d+::$", (project / "gateway/models.map").read_text(), re.M)
     blackbox = (project / "prometheus" / "blackbox.yml").read_text()
     assert "infer_ranker:" in blackbox and "infer_linear:" in blackbox
     assert "/v2/models/ranker/infer" in (project / "prometheus" / "deep-probe.yml").read_text()
@@ -125,14 +125,17 @@ def graph_with(path: Path, batch, width) -> Path:
     return path
 
 
-def string_graph(path: Path) -> Path:
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["text"], ["same"])],
-        "g",
-        [helper.make_tensor_value_info("text", TensorProto.STRING, ["b", 1])],
-        [helper.make_tensor_value_info("same", TensorProto.STRING, ["b", 1])],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+def zipmap_graph(path: Path) -> Path:
+    """A scikit-learn classifier as skl2onnx converts it by default: probabilities as ZipMap's
+    sequence of maps."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    model = LogisticRegression().fit(rng.standard_normal((40, 3)), rng.integers(0, 2, 40))
+    onx = convert_sklearn(model, initial_types=[("x", FloatTensorType([None, 3]))])
+    onnx.save(onx, str(path))
     return path
 
 
@@ -149,17 +152,20 @@ REFUSALS = {
                                      str(t / "none.txt")], "cannot read it"),
     "labels of the wrong count": (lambda m, t: ["add-model", str(m["linear"]), "--name", "x",
                                                 "--labels", str(m["labels"])],
-                                  "has 3 labels, but no output has 3 classes"),
-    "a fixed batch dimension": (lambda m, t: ["add-model", str(graph_with(t / "f.onnx", 1, 4)),
-                                              "--name", "x"], "first dimension is fixed (1)"),
-    "a variable feature dimension": (lambda m, t: ["add-model",
-                                                   str(graph_with(t / "v.onnx", "b", "w")),
-                                                   "--name", "x"],
-                                     "besides the batch dimension this stack serves fixed"),
-    "a string input": (lambda m, t: ["add-model", str(string_graph(t / "s.onnx")), "--name", "x"],
-                       "holds strings"),
+                                  "has 3 labels, but no score output has 3 classes"),
+    "batching a graph without a batch axis": (lambda m, t: ["add-model",
+                                                            str(graph_with(t / "f.onnx", 1, 4)),
+                                                            "--name", "x", "--max-batch-size", "8"],
+                                              "cannot batch (input x has shape [1, 4]"),
+    "bounds of the wrong rank": (lambda m, t: ["add-model",
+                                               str(graph_with(t / "v.onnx", "b", "w")),
+                                               "--name", "x", "--shape", "x=1:4:8"],
+                                 "--shape x: each shape needs 2 dims"),
+    "ZipMap's sequence of maps": (lambda m, t: ["add-model", str(zipmap_graph(t / "z.onnx")),
+                                                "--name", "x"],
+                                  "{'zipmap': False}"),
     "a batch too large for a request": (lambda m, t: ["add-model", str(m["ranker"]), "--name",
-                                                      "x", "--max-batch-size", "100000"],
+                                                      "x", "--max-batch-size", "1000000"],
                                         "lower max_batch_size"),
 }  # fmt: skip
 

@@ -1,5 +1,9 @@
 """An ONNX model's file against its config: the graph's inputs and outputs, their data types and
-dims, as Triton's onnxruntime backend validates them when it loads the model."""
+dims, as Triton's onnxruntime backend validates them when it loads the model.
+
+The detailed checks below name the field and the fix; whatever they let through is then judged by
+the backend's own rules (tritonstack.onnxruntime_rules, which the embedded runtime's backend
+applies too), so `check` passes exactly what that backend loads."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 import onnx
 from tritonclient.grpc import model_config_pb2
 
+from tritonstack import onnxruntime_rules as rules
 from tritonstack.check.messages import Say, did_you_mean, format_dims
 from tritonstack.check.model_config import DEFAULT_FILENAMES, say_python_in_disguise
 from tritonstack.repository import Model, ModelConfig
@@ -64,7 +69,34 @@ def check_onnx(model: Model, versions: Sequence[Path], say: Say) -> None:
                 "re-export the model (for the demo classifier: `tritonstack export`)",
             )
             continue
-        _cross_check_onnx(model, f"{version.name}/{filename}", graph, say)
+        shown = f"{version.name}/{filename}"
+        said = _Counted(say)
+        _cross_check_onnx(model, shown, graph, said)
+        if said.count:
+            continue
+        from google.protobuf import json_format
+
+        config = json_format.MessageToDict(model.config, preserving_proto_field_name=True)
+        config["name"] = model.name
+        try:
+            seen = rules.graph_from_model(onnx.load(str(path)))
+        except Exception as exc:  # onnxruntime cannot load it: neither can Triton's backend
+            reason = " ".join(str(exc).split())[:300]
+            say(shown, f"cannot be loaded by onnxruntime ({reason})", "re-export the model")
+            continue
+        for message in rules.load_errors(config, seen):
+            say(shown, f"would not load in Triton's onnxruntime backend: {message}", _fix(message))
+
+
+class _Counted:
+    """A Say that counts what it said."""
+
+    def __init__(self, say: Say):
+        self.say, self.count = say, 0
+
+    def __call__(self, field: str, problem: str, fix: str) -> None:
+        self.count += 1
+        self.say(field, problem, fix)
 
 
 @dataclass(frozen=True)
@@ -84,7 +116,9 @@ def _onnx_tensors(values: Iterable[onnx.ValueInfoProto]) -> dict[str, _OnnxTenso
         shape = None
         if tensor_type.HasField("shape"):
             shape = [
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                d.dim_value
+                if d.HasField("dim_value") and d.dim_value >= 0
+                else (d.dim_param or None)  # dim_value -1 (older exporters): dynamic
                 for d in tensor_type.shape.dim
             ]
         tensors[value.name] = _OnnxTensor(value.name, tensor_type.elem_type, shape)
@@ -122,7 +156,7 @@ def _cross_check_onnx(model: Model, shown: str, graph: onnx.GraphProto, say: Say
                         "rename it to the graph's name" + did_you_mean(io.name, available),
                     )
                 continue
-            _compare_onnx_tensor(config, field, io, tensor, shown, say)
+            _compare_onnx_tensor(config, field, io, tensor, shown, say, exact=section == "output")
     declared_inputs = {io.name for io in config.input}
     for tensor in graph_io["input"].values():
         if tensor.name not in declared_inputs:
@@ -140,6 +174,7 @@ def _compare_onnx_tensor(
     tensor: _OnnxTensor,
     shown: str,
     say: Say,
+    exact: bool,
 ) -> None:
     if tensor.elem_type is None:
         say(
@@ -157,7 +192,13 @@ def _compare_onnx_tensor(
             f"set data_type: {DataType.Name(expected_type)}",
         )
     if tensor.shape is None:
-        return  # rank unknown to ONNX: onnxruntime checks at run time
+        return  # rank unknown to ONNX: the backend's rules (rank 0) judge it below
+    if not tensor.shape and config.max_batch_size == 0:
+        dims = list(io.reshape.shape if io.HasField("reshape") else io.dims)
+        if any(d != 1 for d in dims):
+            say(f"{field}.dims", f"is {format_dims(dims)} but {shown} has a scalar (rank 0)",
+                "set dims: [ 1 ] (the backend feeds it as a scalar)")  # fmt: skip
+        return
     has_reshape = io.HasField("reshape")
     dims = list(io.reshape.shape if has_reshape else io.dims)
     dims_field = f"{field}.{'reshape.shape' if has_reshape else 'dims'}"
@@ -174,10 +215,10 @@ def _compare_onnx_tensor(
             )
             return
         rest = shape[1:]
-        if _dims_match(dims, rest):
+        if _dims_match(dims, rest, exact):
             return
         fix = _set_dims(has_reshape, _config_dims(rest))
-        if len(dims) == len(shape) and _dims_match(dims[1:], rest):
+        if len(dims) == len(shape) and _dims_match(dims[1:], rest, exact):
             say(
                 dims_field,
                 f"is {format_dims(dims)} but {onnx_text}: the first dimension is the batch, which "
@@ -192,10 +233,10 @@ def _compare_onnx_tensor(
                 fix,
             )
         return
-    if _dims_match(dims, shape):
+    if _dims_match(dims, shape, exact):
         return
     fix = _set_dims(has_reshape, _config_dims(shape))
-    if shape and not isinstance(shape[0], int) and _dims_match(dims, shape[1:]):
+    if shape and not isinstance(shape[0], int) and _dims_match(dims, shape[1:], exact):
         fix = (
             f"the model's first dimension is a dynamic batch: set max_batch_size (e.g. 64) "
             f"to batch it, or {fix}"
@@ -203,14 +244,23 @@ def _compare_onnx_tensor(
     say(dims_field, f"is {format_dims(dims)} but {onnx_text} (max_batch_size is 0)", fix)
 
 
+def _fix(message: str) -> str:
+    if "ONNX_TYPE_SEQUENCE" in message or "ONNX_TYPE_MAP" in message:
+        from tritonstack.onnx_serving import ZIPMAP_FIX
+
+        return f"serve tensors only; for a converter's classifier, {ZIPMAP_FIX}"
+    return "`tritonstack add-model` writes a config the backend loads, from the graph"
+
+
 def _set_dims(has_reshape: bool, dims: str) -> str:
     return f"set reshape: {{ shape: {dims} }}" if has_reshape else f"set dims: {dims}"
 
 
-def _dims_match(config_dims: Sequence[int], onnx_dims: Sequence[OnnxDim]) -> bool:
-    """-1 in the config matches anything; a dynamic ONNX dimension matches only -1."""
+def _dims_match(config_dims: Sequence[int], onnx_dims: Sequence[OnnxDim], exact: bool) -> bool:
+    """The backend's CompareDimsSupported: a fixed graph dim takes only its own size; a dynamic
+    one takes any size for an input and only -1 for an output (`exact`)."""
     return len(config_dims) == len(onnx_dims) and all(
-        c == -1 or (isinstance(o, int) and o == c)
+        (c == o if isinstance(o, int) else (c == -1 or not exact))
         for c, o in zip(config_dims, onnx_dims, strict=True)
     )
 

@@ -1,0 +1,209 @@
+"""What add-model learns from a graph and one run of it (tritonstack.onnx_serving), for every
+class of model in tests/model_zoo.py, and each refusal with its fix."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests import model_zoo
+from tritonstack import onnx_serving
+from tritonstack.errors import UserError
+from tritonstack.onnx_serving import BOUNDS_PARAMETER, STATE_PARAMETER, parse_shapes, plan
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> dict[str, model_zoo.ZooModel]:
+    folder = tmp_path_factory.mktemp("zoo")
+    return {name: build(folder) for name, build in model_zoo.BUILDERS.items()}
+
+
+def planned(model: model_zoo.ZooModel, *extra: str) -> onnx_serving.Plan:
+    options = list(model.options) + list(extra)
+    shapes = [options[i + 1] for i, o in enumerate(options) if o == "--shape"]
+    size = next(
+        (int(options[i + 1]) for i, o in enumerate(options) if o == "--max-batch-size"), None
+    )
+    strings = next(
+        (int(options[i + 1]) for i, o in enumerate(options) if o == "--max-string-bytes"),
+        onnx_serving.DEFAULT_MAX_STRING_BYTES,
+    )
+    return plan(model.path, size, parse_shapes(shapes), None, strings)
+
+
+def dims(found: onnx_serving.Plan, role: str) -> dict[str, tuple]:
+    return {e["name"]: (e["dims"], e.get("reshape", {}).get("shape")) for e in found.io(role)}
+
+
+@pytest.mark.parametrize("name", sorted(model_zoo.BUILDERS))
+def test_every_class_is_served_as_the_zoo_expects(zoo, name):
+    model = zoo[name]
+    found = planned(model)
+    assert found.max_batch_size == model.max_batch_size
+    assert found.state == model.state
+    assert (found.no_tensorrt is None) == model.tensorrt, found.no_tensorrt
+    assert json.loads(found.parameters().get(STATE_PARAMETER, "{}")) == model.state
+
+
+def test_variable_dims_take_their_bounds_from_shape_and_rows_from_its_batch(zoo):
+    found = planned(zoo["image"])
+    assert dims(found, "input") == {"images": ([3, -1, -1], None)}
+    assert found.bounds["images"] == onnx_serving.Bounds((3, 8, 8), (3, 16, 24), (3, 32, 32))
+    assert (found.max_batch_size, found.opt_rows) == (4, 2)
+    assert found.full_shape("images", "max") == [4, 3, 32, 32]
+    described = json.loads(found.parameters()[BOUNDS_PARAMETER])
+    assert described == {"images": {"min": [3, 8, 8], "opt": [3, 16, 24], "max": [3, 32, 32]}}
+
+
+def test_a_variable_dim_without_shape_gets_the_stated_default(zoo):
+    found = plan(zoo["sequence"].path)
+    low, usual, high = onnx_serving.DEFAULT_DIM_BOUNDS
+    assert found.bounds["ids"] == onnx_serving.Bounds((low,), (usual,), (high,))
+    assert any("default (--shape sets them)" in note for note in found.notes)
+
+
+def test_a_graph_without_a_batch_axis_is_served_whole(zoo):
+    found = planned(zoo["fixed_export"])
+    assert found.max_batch_size == 0
+    assert dims(found, "input") == {"input.1": ([1, 3, 4, 4], None)}
+    assert dims(found, "output") == {"13": ([1, 5], None)}
+    with pytest.raises(UserError, match=r"cannot batch \(input input.1 has shape \[1, 3, 4, 4\]"):
+        planned(zoo["fixed_export"], "--max-batch-size", "8")
+
+
+def test_a_scalar_beside_rows_is_dims_1_without_batching(zoo):
+    found = planned(zoo["scalar_and_rows"])
+    assert dims(found, "input") == {"scale": ([1], None), "rows": ([-1, 3], None)}
+    assert found.bounds["rows"] == onnx_serving.Bounds((1, 3), (4, 3), (8, 3))
+
+
+def test_a_batch_output_is_dims_1_with_an_empty_reshape(zoo):
+    found = planned(zoo["vector_output"])
+    assert dims(found, "output") == {"total": ([1], [])}
+    found = planned(zoo["sklearn_logistic"])
+    assert dims(found, "output")["label"] == ([1], [])
+
+
+def test_a_batch_written_as_minus_one_is_dynamic(zoo):
+    assert planned(zoo["minus_one_batch"]).max_batch_size == model_zoo.ZooModel.max_batch_size
+
+
+def test_strings_are_bounded_per_value(zoo):
+    found = planned(zoo["text"])
+    assert found.string_bytes == {"text": 64}
+    assert json.loads(found.parameters()[BOUNDS_PARAMETER]) == {"text": {"max_bytes": 64}}
+
+
+def test_state_whose_batch_sits_on_another_axis_is_served_unbatched_and_carried(zoo):
+    found = planned(zoo["stateful"])
+    assert found.max_batch_size == 0 and found.state == {"state": "stateN"}
+    assert any("stateN is sent back as state" in note for note in found.notes)
+    none = plan(zoo["stateful"].path, None, {}, {})
+    assert none.state == {}
+    with pytest.raises(UserError, match="cannot be sent back as the input"):
+        plan(zoo["stateful"].path, None, {}, {"state": "score"})
+
+
+def test_a_converters_output_declared_1_is_served_as_it_returns(zoo):
+    """onnxmltools declares LightGBM's label [1] although it follows the batch: served as it
+    returns, the served graph's declaration corrected (its weights untouched)."""
+    found = planned(zoo["lightgbm"])
+    assert found.max_batch_size == model_zoo.ZooModel.max_batch_size
+    assert dims(found, "output")["label"] == ([1], [])
+    assert any("output label: declared [1], returns ['batch']" in n for n in found.notes)
+    original = onnx.load(str(zoo["lightgbm"].path))
+    assert [i.raw_data for i in found.model.graph.initializer] == [
+        i.raw_data for i in original.graph.initializer
+    ]
+
+
+def test_a_first_axis_whose_rows_depend_on_each_other_is_not_a_batch(tmp_path):
+    """A cumulative sum over the first axis: two rows together are not each row alone."""
+    axis = numpy_helper.from_array(np.array(0, np.int64), "axis")
+    path = model_zoo._save(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"])],
+        [model_zoo.V("x", TensorProto.FLOAT, ["t", 5])],
+        [model_zoo.V("y", TensorProto.FLOAT, ["t", 5])],
+        tmp_path / "cumsum.onnx",
+        [axis],
+    )
+    found = plan(path)
+    assert found.max_batch_size == 0
+    assert any("not a batch of independent rows" in note for note in found.notes)
+
+
+REFUSED = {
+    "ZipMap": ("zipmap", "{'zipmap': False}"),
+    "a shape of the wrong rank": ("image_rank", "each shape needs 4 dims"),
+    "a fixed dim bounded otherwise": ("image_fixed", "is fixed at 3 in the graph"),
+    "min above opt": ("image_order", "must satisfy 1 <= min <= opt <= max"),
+    "an input it does not have": ("image_name", "not an input of image.onnx"),
+    "bounds it cannot run at": ("conv", "onnxruntime fails on inputs at the min bounds"),
+    "a zero-sized bound": ("image_zero", "must satisfy 1 <= min"),
+    "an operator onnxruntime lacks": ("custom_op", "onnxruntime cannot load it"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_each_refusal_says_what_to_do(zoo, tmp_path, case):
+    kind, words = REFUSED[case]
+    image = zoo["image"].path
+    if kind == "zipmap":
+        from skl2onnx import convert_sklearn
+        from skl2onnx.common.data_types import FloatTensorType
+        from sklearn.linear_model import LogisticRegression
+
+        x, y = model_zoo._training_data()
+        onx = convert_sklearn(
+            LogisticRegression().fit(x, y), initial_types=[("x", FloatTensorType([None, 4]))]
+        )
+        onnx.save(onx, str(tmp_path / "zipmap.onnx"))
+        call = lambda: plan(tmp_path / "zipmap.onnx")  # noqa: E731
+    elif kind == "conv":  # a 3x3 kernel cannot run on a 1x1 image
+        kernel = numpy_helper.from_array(np.ones((2, 3, 3, 3), np.float32), "k")
+        path = model_zoo._save(
+            [helper.make_node("Conv", ["images", "k"], ["features"])],
+            [model_zoo.V("images", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+            [model_zoo.V("features", TensorProto.FLOAT, ["N", 2, "h", "w"])],
+            tmp_path / "conv.onnx",
+            [kernel],
+        )
+        shape = "images=1x3x1x1:2x3x16x16:4x3x32x32"
+        call = lambda: plan(path, None, parse_shapes([shape]))  # noqa: E731
+    elif kind == "custom_op":
+        graph = helper.make_graph(
+            [helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")],
+            "g",
+            [model_zoo.V("x", TensorProto.FLOAT, ["n", 2])],
+            [model_zoo.V("y", TensorProto.FLOAT, ["n", 2])],
+        )
+        made = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+        )
+        onnx.save(made, str(tmp_path / "custom.onnx"))
+        call = lambda: plan(tmp_path / "custom.onnx")  # noqa: E731
+    else:
+        shape = {
+            "image_rank": "images=1x3x8:2x3x16:4x3x32",
+            "image_fixed": "images=1x4x8x8:2x4x16x24:4x4x32x32",
+            "image_order": "images=1x3x16x16:2x3x8x8:4x3x32x32",
+            "image_name": "pixels=1x3x8x8:2x3x16x24:4x3x32x32",
+            "image_zero": "images=1x3x0x8:2x3x16x24:4x3x32x32",
+        }[kind]
+        call = lambda: plan(image, None, parse_shapes([shape]))  # noqa: E731
+    with pytest.raises(UserError) as raised:
+        call()
+    assert words in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_shapes_are_written_as_trtexec_writes_them():
+    assert parse_shapes(["in:put=1x3:8x3:16x3"]) == {"in:put": ((1, 3), (8, 3), (16, 3))}
+    for bad in ("x=1x3:8x3", "x", "=1:2:3", "x=1xa:2:3"):
+        with pytest.raises(UserError, match="write NAME=MIN:OPT:MAX"):
+            parse_shapes([bad])
