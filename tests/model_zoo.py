@@ -199,7 +199,8 @@ def stateful(folder: Path) -> ZooModel:
     w = numpy_helper.from_array(_weights(14, (8, 8)), "w")
     nodes = [
         helper.make_node("MatMul", ["state", "w"], ["mixed"]),
-        helper.make_node("Add", ["mixed", "chunk"], ["stateN"]),
+        helper.make_node("Add", ["mixed", "chunk"], ["summed"]),
+        helper.make_node("Tanh", ["summed"], ["stateN"]),  # bounded, as a recurrent cell's
         helper.make_node("ReduceMean", ["stateN"], ["score"], axes=[0, 2], keepdims=0),
     ]
     path = _save(

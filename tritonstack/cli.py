@@ -232,7 +232,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         arrays = signature.random_inputs(rows, np.random.default_rng(args.seed))
     classified = bool(signature.labelled_outputs)
     if args.steps > 1 and signature.state:
-        carried = ", ".join(f"{out} -> {name}" for name, out in signature.state.items())
+        carried = ", ".join(f"{out} -> {name}" for name, out in signature.state)
         print(f"state carried from each answer to the next request: {carried}")
     for step in range(args.steps):
         if args.steps > 1:

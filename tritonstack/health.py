@@ -57,8 +57,9 @@ ZEROS = {"BOOL": False, "FP32": 0.0, "FP64": 0.0, "BYTES": ""}
 #: Datatypes JSON cannot carry (Triton: "use the binary data format"), with their bytes per value:
 #: sent as binary tensors of zero bytes, their outputs asked for as binary.
 BINARY_ONLY = {"FP16": 2, "BF16": 2}
-#: Triton's answer for a model of the repository that failed to load (a restart cannot load it).
-NOT_LOADED = ("has no available versions", "Request for unknown model")
+#: Triton's answer for a model of the repository that failed to load (a restart cannot load it);
+#: a name the repository lacks altogether is "... is not found", which stays a failure.
+NOT_LOADED = ("has no available versions",)
 #: Where tritonstack add-model writes the bounds of an input's variable dims (onnx_serving.py).
 BOUNDS_PARAMETER = "tritonstack.input_bounds"
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -22,7 +22,7 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -148,8 +148,8 @@ class Signature:
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
     max_batch_size: int
-    #: input -> the output whose value the client sends back into it on the next call
-    state: Mapping[str, str] = field(default_factory=dict)
+    #: (input, the output whose value the client sends back into it on the next call) pairs
+    state: tuple[tuple[str, str], ...] = ()
 
     @property
     def batched(self) -> bool:
@@ -197,7 +197,7 @@ class Signature:
             inputs=tensors(metadata.get("inputs", []), False),
             outputs=tensors(metadata.get("outputs", []), True),
             max_batch_size=max_batch_size,
-            state=dict(parameter_json(config, STATE_PARAMETER)),
+            state=tuple(parameter_json(config, STATE_PARAMETER).items()),
         )
 
     @classmethod
@@ -237,7 +237,7 @@ class Signature:
         """The inputs of the next call of a model whose client carries state: `arrays` with each
         state input replaced by the output the previous answer returned for it."""
         following = dict(arrays)
-        for name, output in self.state.items():
+        for name, output in self.state:
             if output in outputs and outputs[output] is not None:
                 tensor = next(t for t in self.inputs if t.name == name)
                 following[name] = np.ascontiguousarray(outputs[output], dtype=tensor.numpy_type)

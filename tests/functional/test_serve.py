@@ -126,16 +126,32 @@ def test_missing_repository_is_one_line_error(tmp_path):
     assert "model repository not found" in output
 
 
-def test_model_that_fails_to_load_is_reported_and_cleaned_up(tmp_path):
+def test_a_model_that_fails_to_load_is_reported_and_the_others_serve(tmp_path):
+    """postprocess refuses its labels file, and pipeline (which runs it) cannot load either:
+    serve names both with Triton's reason and serves classifier and classify; it stops clean."""
     repository = tmp_path / "model_repository"
     shutil.copytree(REPOSITORY, repository, ignore=shutil.ignore_patterns("__pycache__"))
     (repository / "postprocess" / "labels.txt").write_text("only one label\n")
-    process, _ = start_serve(repository, "--log-file", str(tmp_path / "triton.log"))
-    output, _ = process.communicate(timeout=120)
-    assert process.returncode == 1
-    assert "Traceback" not in output.split("errors in")[0]
-    assert "tritonserver exited with code" in output
-    assert "labels file has 1 labels but input `class` has 2 scores" in output
+    process, ports = start_serve(repository, "--log-file", str(tmp_path / "triton.log"))
+    lines = wait_for_line(process, "Ctrl-C stops the server")
+    assert "ready: classifier, classify" in lines, lines
+    reasons = {line.split(": ")[1]: line for line in lines if line.startswith("not loaded: ")}
+    assert set(reasons) == {"pipeline", "postprocess"}, lines
+    assert "labels file has 1 labels but input `class` has 2 scores" in reasons["postprocess"]
+    connection = http.client.HTTPConnection("127.0.0.1", ports[0], timeout=10)
+    body = {"inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32",
+                        "data": [0.0] * 128}]}  # fmt: skip
+    connection.request("POST", "/v2/models/classifier/infer", json.dumps(body))
+    served = connection.getresponse()
+    assert served.status == 200 and json.loads(served.read())["outputs"][0]["name"] == "class"
+    connection.request("POST", "/v2/models/pipeline/infer", json.dumps(body))
+    refused = connection.getresponse()
+    text = refused.read().decode()
+    connection.close()
+    assert refused.status == 503 and "pipeline is not loaded on this server" in text, text
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
     log = (tmp_path / "triton.log").read_text()
     prefix = re.search(r'"shm-region-prefix-name":"(tritonstack_[0-9a-f]+_)"', log).group(1)
     assert not segments_of(prefix)

@@ -218,6 +218,8 @@ def _compare_onnx_tensor(
         if _dims_match(dims, rest, exact):
             return
         fix = _set_dims(has_reshape, _config_dims(rest))
+        if not rest:  # one value per row: core refuses empty dims; a reshape says it
+            fix = "set dims: [ 1 ] with reshape: { shape: [ ] } (one value per row)"
         if len(dims) == len(shape) and _dims_match(dims[1:], rest, exact):
             say(
                 dims_field,

@@ -1,0 +1,320 @@
+"""Every class of model users bring (tests/model_zoo.py), through the whole stack at once: each
+added with `tritonstack add-model` (which loads it in the real tritonserver before it says ok)
+into one copy of the checkout, with a model Triton will not load beside them; `tritonstack
+check`; `tritonstack serve` with the gateway in front, where the bad model is reported and every
+other one serves; each answering HTTP JSON (where JSON can carry its types), binary tensors and
+gRPC exactly as onnxruntime in-process does; a bad request answered 4xx with the server still
+serving; gated load tests; the health check, `top` and the gateway naming the model that did
+not load; `infer --steps` carrying a model's state."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests import model_zoo
+from tests.functional.test_own_models import tritonstack
+from tests.functional.test_serve import wait_for_line
+from tests.support import copy_project
+from tritonstack.client import fetch_signature
+from tritonstack.ports import free_ports
+from tritonstack.settings import load, with_public_model
+
+pytestmark = pytest.mark.timeout(900)
+#: The model that does not load: a copy of vector_output whose config says its output has two
+#: values per row (the graph's has one), which Triton's onnxruntime backend refuses.
+BROKEN = "broken"
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> dict[str, model_zoo.ZooModel]:
+    folder = tmp_path_factory.mktemp("zoo")
+    return {name: build(folder) for name, build in model_zoo.BUILDERS.items()}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, zoo):
+    """A copy of the checkout with every zoo model added (public), and the broken one beside."""
+    root = copy_project(tmp_path_factory.mktemp("zoo-project") / "tritonstack")
+    for model in zoo.values():
+        added = tritonstack(root, "add-model", str(model.path), "--name", model.name,
+                            *model.options, timeout=240)  # fmt: skip
+        assert added.returncode == 0, f"{model.name}: {added.stderr}"
+    repository = root / "model_repository"
+    shutil.copytree(repository / "vector_output", repository / BROKEN)
+    config = repository / BROKEN / "config.pbtxt"
+    text = config.read_text().replace('name: "vector_output"', f'name: "{BROKEN}"')
+    config.write_text(text.replace("dims: [ 1 ]\n    reshape { }", "dims: [ 2 ]", 1))
+    # Public, as a user who added it by hand to stack.env would have it.
+    stack = root / "stack.env"
+    stack.write_text(with_public_model(stack.read_text(), BROKEN))
+    derived = subprocess.run([sys.executable, "-m", "tritonstack.derived"], capture_output=True,
+                             text=True, timeout=60,
+                             env={**os.environ, "TRITONSTACK_PROJECT_DIR": str(root)})  # fmt: skip
+    assert derived.returncode == 0, derived.stderr
+    return root
+
+
+def test_each_model_is_written_as_its_class_needs(project, zoo):
+    from tritonstack.repository import iter_models
+
+    models = {m.name: m for m in iter_models(project / "model_repository")}
+    for model in zoo.values():
+        config = models[model.name].config
+        assert config.max_batch_size == model.max_batch_size, model.name
+        assert (f"{model.name}_trt" in models) == model.tensorrt, model.name
+        assert bool(config.dynamic_batching.ByteSize() or config.HasField("dynamic_batching")) == (
+            model.max_batch_size > 0
+        ), model.name
+    assert set(zoo) <= set(load(project / "stack.env").public_models)
+
+
+def test_check_names_the_model_triton_would_not_load(project):
+    checked = tritonstack(project, "check", timeout=240)
+    assert checked.returncode == 1
+    problems = [line for line in checked.stderr.splitlines() if f"/{BROKEN}/" in line]
+    assert problems, checked.stderr
+    assert 'output[0] "total".dims is [ 2 ]' in problems[0], problems[0]
+    assert "set dims: [ 1 ] with reshape: { shape: [ ] }" in problems[0], problems[0]
+
+
+@pytest.fixture(scope="module")
+def served(project):
+    """`tritonstack serve` on the project: the gateway in front, the broken model reported."""
+    ports = free_ports(6)
+    command = [sys.executable, "-m", "tritonstack.cli", "--project-dir", str(project), "serve",
+               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+               "--metrics-port", str(ports[2]), "--triton-http-port", str(ports[3]),
+               "--triton-grpc-port", str(ports[4]),
+               "--gateway-metrics-port", str(ports[5])]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = wait_for_line(process, "Ctrl-C stops the server", timeout=300)
+        yield {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}",
+               "triton": f"127.0.0.1:{ports[3]}", "metrics": f"127.0.0.1:{ports[2]}",
+               "process": process, "lines": lines}  # fmt: skip
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_serve_reports_the_model_that_did_not_load_and_serves_the_rest(served, zoo):
+    ready = next(line for line in served["lines"] if line.startswith("ready: "))
+    assert set(zoo) <= set(ready.removeprefix("ready: ").split(", ")), ready
+    unloaded = [line for line in served["lines"] if line.startswith(f"not loaded: {BROKEN}: ")]
+    assert unloaded and "the model expects 1 dimensions" in unloaded[0], served["lines"]
+
+
+def request_inputs(model: str, served) -> tuple[object, dict[str, np.ndarray]]:
+    signature = fetch_signature(served["http"], model)
+    rows = min(3, signature.max_rows)
+    return signature, signature.random_inputs(rows, np.random.default_rng(7))
+
+
+def expected(model: model_zoo.ZooModel, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model.path), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for tensor in session.get_inputs():
+        array = arrays[tensor.name]
+        if len(tensor.shape) < array.ndim:  # Triton's reshape: [rows, 1] -> [rows], [1] -> []
+            array = array.reshape(array.shape[: len(tensor.shape)])
+        feeds[tensor.name] = array
+    return model_zoo.reference(model, feeds)
+
+
+def same(got: np.ndarray, want: np.ndarray) -> bool:
+    want = want.reshape(got.shape) if want.size == got.size else want
+    if want.dtype == np.object_:
+        want = np.array([str(v).encode() for v in want.reshape(-1)], dtype=object)
+        return got.reshape(-1).tolist() == want.tolist()
+    if want.dtype.kind in "fc":
+        return got.shape == want.shape and np.allclose(got, want, rtol=1e-5, atol=1e-6)
+    return got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("protocol", ["http-json", "http-binary", "grpc"])
+@pytest.mark.parametrize("name", sorted(model_zoo.BUILDERS))
+def test_each_model_answers_as_onnxruntime_does(served, zoo, name, protocol):
+    model = zoo[name]
+    signature, arrays = request_inputs(name, served)
+    want = expected(model, arrays)
+    if protocol == "http-json":
+        if not model.json:
+            status, text = post_json(served["http"], name, arrays, signature)
+            assert status == 400 and "Please use the binary data format" in text, text
+            return
+        got = json_answer(served["http"], name, arrays, signature)
+    else:
+        got = library_answer(served, name, arrays, signature, protocol)
+    for output, value in want.items():
+        assert same(got[output], value), (name, output, got[output], value)
+
+
+def post_json(url: str, model: str, arrays, signature) -> tuple[int, str]:
+    body = {
+        "inputs": [
+            {
+                "name": t.name,
+                "shape": list(arrays[t.name].shape),
+                "datatype": t.datatype,
+                "data": [v.decode() if isinstance(v, bytes) else v
+                         for v in arrays[t.name].reshape(-1).tolist()],
+            }
+            for t in signature.inputs
+        ]
+    }  # fmt: skip
+    host, port = url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("POST", f"/v2/models/{model}/infer", json.dumps(body),
+                       {"Content-Type": "application/json"})  # fmt: skip
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    return response.status, text
+
+
+def json_answer(url: str, model: str, arrays, signature) -> dict[str, np.ndarray]:
+    from tritonstack.signature import numpy_type
+
+    status, text = post_json(url, model, arrays, signature)
+    assert status == 200, text
+    answer = {}
+    for out in json.loads(text)["outputs"]:
+        data = out["data"]
+        if out["datatype"] == "BYTES":
+            data = [v.encode() for v in data]
+        answer[out["name"]] = np.array(data, dtype=numpy_type(out["datatype"])).reshape(
+            out["shape"]
+        )
+    return answer
+
+
+def library_answer(served, model: str, arrays, signature, protocol: str) -> dict:
+    grpc = protocol == "grpc"
+    module = grpcclient if grpc else httpclient
+    client = module.InferenceServerClient(served["grpc"] if grpc else served["http"])
+    tensors = []
+    for tensor in signature.inputs:
+        array = arrays[tensor.name]
+        tensors.append(module.InferInput(tensor.name, list(array.shape), tensor.datatype))
+        if grpc:
+            tensors[-1].set_data_from_numpy(array)
+        else:
+            tensors[-1].set_data_from_numpy(array, binary_data=True)
+    outputs = [
+        grpcclient.InferRequestedOutput(t.name)
+        if grpc
+        else httpclient.InferRequestedOutput(t.name, binary_data=True)
+        for t in signature.outputs
+    ]
+    try:
+        result = client.infer(model, tensors, outputs=outputs)
+    finally:
+        client.close()
+    return {t.name: result.as_numpy(t.name) for t in signature.outputs}
+
+
+BAD = {
+    "image": ({"name": "images", "shape": [1, 3, 64, 8], "datatype": "FP32", "data": [0] * 1536},
+              "images: shape [1,3,64,8] is beyond the largest the model takes, [4,3,32,32]"),
+    "sequence": ({"name": "ids", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+                 "expects 'INT64'"),
+    "text": ({"name": "text", "shape": [1, 2], "datatype": "BYTES", "data": ['a, [b]"']},
+             'text: shape [1,2] declares 2 values, data holds 1'),
+    "stateful": ({"name": "chunk", "shape": [1, 9], "datatype": "FP32", "data": [0] * 9},
+                 "missing required input(s) ['state']"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_request_is_a_4xx_and_every_model_keeps_serving(served, name):
+    tensor, words = BAD[name]
+    host, port = served["http"].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("POST", f"/v2/models/{name}/infer", json.dumps({"inputs": [tensor]}))
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    assert 400 <= response.status < 500, text
+    assert words in json.loads(text)["error"], text
+    assert served["process"].poll() is None
+    healthy = subprocess.run(
+        [sys.executable, "-m", "tritonstack.health", "--url", served["triton"], "--model", name,
+         "--repeat", "1"], capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert healthy.returncode == 0 and healthy.stdout.startswith(f"healthy: {name}"), healthy
+
+
+def test_the_model_that_did_not_load_is_named_by_the_gateway_health_and_top(served, project):
+    host, port = served["http"].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("POST", f"/v2/models/{BROKEN}/infer", json.dumps({"inputs": []}))
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    assert response.status in (400, 503), text
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", f"/v2/models/{BROKEN}")
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    assert response.status == 503 and f"{BROKEN} is not loaded on this server" in text, text
+    public = " ".join(load(project / "stack.env").public_models)
+    health = subprocess.run(
+        [sys.executable, "-m", "tritonstack.health", "--url", served["triton"], "--repeat", "1",
+         "--model", "vector_output", "--model", BROKEN], capture_output=True, text=True,
+        timeout=30, env={**os.environ, "PUBLIC_MODELS": public},
+    )  # fmt: skip
+    assert health.returncode == 0, health.stderr  # serving what it can: no restart
+    assert f"not loaded: {BROKEN}: " in health.stderr and "healthy: vector_output" in health.stdout
+    top = subprocess.run(
+        [sys.executable, "-m", "tritonstack.cli", "top", "--once", "--interval", "0.5",
+         "--url", f"http://{served['metrics']}/metrics", "--server", served["triton"]],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert top.returncode == 0, top.stderr
+    assert re.search(rf"^not loaded: {BROKEN}: .*the model expects 1 dimensions", top.stdout, re.M)
+
+
+def test_infer_steps_carry_the_state_the_model_returns(served):
+    shown = subprocess.run(
+        [sys.executable, "-m", "tritonstack.cli", "infer", "--url", served["http"],
+         "--model", "stateful", "--steps", "3"], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "state carried from each answer to the next request: stateN -> state" in shown.stdout
+    scores = [line.split()[1] for line in shown.stdout.splitlines() if line.startswith("   0 ")]
+    assert len(scores) == 3 and len(set(scores)) == 3, shown.stdout  # the state moved
+
+
+LOADS = {
+    "image": "http_json",
+    "sequence": "grpc",
+    "text": "http_json",
+    "every_type": "http_json",  # FP16: binary tensors, though the user is JSON's
+    "stateful": "http_binary",
+    "lightgbm": "grpc",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOADS))
+def test_a_gated_loadtest_of_each_class_passes(served, project, tmp_path, name):
+    result = tritonstack(
+        project, "loadtest", "--host", served["http"], "--grpc-host", served["grpc"],
+        "--model", name, "--user-type", LOADS[name], "--users", "2", "--duration", "2s",
+        "--max-fail-ratio", "0", "--results", str(tmp_path), timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.match(r"[1-9]\d* requests, 0 failed", result.stdout.strip().splitlines()[-1])
