@@ -360,6 +360,13 @@ choose_precision() {
     fp32) log "TensorRT plans in the ONNX model's precision (TRT_PRECISION=fp32)" ;;
     *) die "TRT_PRECISION=$PRECISION: use auto, fp16 or fp32" ;;
   esac
+  # Without FP16 a plan is meant to keep the model's FP32, but trtexec lets FP32 matrix products
+  # run in TF32 (10 mantissa bits) by default: --noTF32 keeps them FP32.
+  if [[ ${#PRECISION_FLAGS[@]} -eq 0 ]] &&
+    printf '%s\n' "$TRTEXEC_HELP" | grep -Eq '^[[:space:]]*--noTF32([[:space:]]|$)'; then
+    PRECISION_FLAGS=(--noTF32)
+    log "TensorRT plans keep FP32 matrix products in FP32 (--noTF32; TF32 is trtexec's default)"
+  fi
 }
 
 if [[ $DEVICE == gpu ]]; then

@@ -358,6 +358,13 @@ def plan(
     model = load(path)
     graph = rules.graph_from_onnx(model)
     _refuse_non_tensors(path, model, graph)
+    bfloat16 = [t.name for t in (*graph.inputs, *graph.outputs) if t.elem_type == BFLOAT16]
+    if bfloat16:
+        raise UserError(
+            f"{path}: {bfloat16[0]} is BF16, which the embedded runtime (Triton 2.51) cannot "
+            "serve: its Python backend reads no BF16 tensor (the container's 26.08 would); cast "
+            "it to FP16 or FP32 in the graph"
+        )
     input_names = [t.name for t in graph.inputs]
     unknown = sorted(set(shapes) - set(input_names))
     if unknown:

@@ -55,6 +55,23 @@ RUN_HERE = {
 }
 
 STACK_TEST = "tests/functional/test_compose_stack.py"
+ZOO_TEST = (
+    "tests/functional/test_model_zoo.py (the project fixture adds each model of tests/"
+    "model_zoo.py with these options; tests/unit/test_model_docs.py holds the two equal)"
+)
+#: docs/models.md's add-model commands: each zoo model it shows, and its options.
+ZOO_COMMANDS = {
+    "image": " --shape images=1x3x8x8:2x3x16x24:4x3x32x32",
+    "sequence": " --shape ids=1x1:4x12:16x64",
+    "fixed_export": "",
+    "scalar_and_rows": " --shape rows=1x3:4x3:8x3",
+    "text": " --max-string-bytes 64",
+    "every_type": " --max-batch-size 8",
+    "stateful": "",
+    "xgboost": "",
+    "lightgbm": "",
+    "sklearn_forest": "",
+}
 UP_TEST = (
     "tests/functional/test_up.py::test_up_serves_triton_prometheus_and_locust_and_sigint_stops_all"
 )
@@ -151,6 +168,14 @@ RUN_ELSEWHERE = {
     "tritonstack loadtest --model ranker --rows mix --max-fail-ratio 0": (
         "tests/functional/test_own_models.py::test_a_gated_loadtest_of_the_model_passes "
         "(with --host of the test's gateway)"
+    ),
+    **{
+        f"tritonstack add-model {name}.onnx --name {name}{options}": ZOO_TEST
+        for name, options in ZOO_COMMANDS.items()
+    },
+    "tritonstack infer --model stateful --steps 3": (
+        "tests/functional/test_model_zoo.py::test_infer_steps_carry_the_state_the_model_returns "
+        "(with --url of the test's gateway)"
     ),
     "make standin-images": (
         "tests/unit/test_standins.py::test_make_standin_images_runs_the_builder; the compose "

@@ -261,8 +261,11 @@ def test_fp16_on_every_supported_gpu_unless_forced_off(tmp_path: Path) -> None:
     run = run_entrypoint(tmp_path, "Tesla T4, 7.5")
     assert run.returncode == 0, run.output
     assert "--fp16" in run.tool_calls("trtexec")[1].split()
+    assert "--noTF32" not in run.tool_calls("trtexec")[1].split()
     forced = run_entrypoint(tmp_path, A10G, env={"TRT_PRECISION": "fp32"})
-    assert "--fp16" not in forced.tool_calls("trtexec")[1].split()
+    build = forced.tool_calls("trtexec")[1].split()
+    assert "--fp16" not in build
+    assert "--noTF32" in build  # an FP32 plan: trtexec's TF32 default would round its products
 
 
 @pytest.mark.parametrize("device", ["auto", "gpu"])
@@ -502,3 +505,35 @@ def test_the_driver_is_named_against_the_images_cuda(tmp_path: Path, driver, wor
     assert run.returncode == 0, run.output
     assert words in run.output
     assert "--model-config-name=gpu" in run.argv
+
+
+def test_an_added_models_plan_is_built_with_the_profile_of_its_bounds(tmp_path: Path) -> None:
+    """add-model writes trtexec's shapes into NAME_trt (names quoted); the entrypoint passes
+    them as they are: a variable-size image model gets the profile of its --shape bounds."""
+    import onnx
+
+    from tests import model_zoo
+    from tritonstack import add_model, onnx_serving
+
+    zoo = model_zoo.image(tmp_path / "zoo")
+    plan = onnx_serving.plan(zoo.path, shapes=onnx_serving.parse_shapes([zoo.options[1]]))
+    repository = tmp_path / "repository"
+    (repository / "image" / "1").mkdir(parents=True)
+    (repository / "image" / "configs").mkdir()
+    (repository / "image_trt" / "1").mkdir(parents=True)
+    onnx.save(plan.model, str(repository / "image" / "1" / "model.onnx"))
+    (repository / "image" / "config.pbtxt").write_text(add_model.cpu_config("image", plan, [], "x"))
+    (repository / "image" / "configs" / "gpu.pbtxt").write_text(
+        add_model.gpu_config("image", plan, [], "x")
+    )
+    (repository / "image_trt" / "config.pbtxt").write_text(
+        add_model.trt_config("image_trt", plan, [])
+    )
+    run = run_entrypoint(tmp_path, A10G, env={"MODEL_REPOSITORY": str(repository)})
+    assert run.returncode == 0, run.output
+    build = run.tool_calls("trtexec")[1].split()
+    assert [a for a in build if "Shapes=" in a] == [
+        "--minShapes='images':1x3x8x8",
+        "--optShapes='images':2x3x16x24",
+        "--maxShapes='images':4x3x32x32",
+    ]

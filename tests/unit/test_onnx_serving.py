@@ -145,6 +145,7 @@ REFUSED = {
     "bounds it cannot run at": ("conv", "onnxruntime fails on inputs at the min bounds"),
     "a zero-sized bound": ("image_zero", "must satisfy 1 <= min"),
     "an operator onnxruntime lacks": ("custom_op", "onnxruntime cannot load it"),
+    "BF16, which 2.51 cannot serve": ("bf16", "is BF16, which the embedded runtime"),
 }
 
 
@@ -174,6 +175,14 @@ def test_each_refusal_says_what_to_do(zoo, tmp_path, case):
         )
         shape = "images=1x3x1x1:2x3x16x16:4x3x32x32"
         call = lambda: plan(path, None, parse_shapes([shape]))  # noqa: E731
+    elif kind == "bf16":
+        path = model_zoo._save(
+            [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+            [model_zoo.V("x", TensorProto.BFLOAT16, ["n", 2])],
+            [model_zoo.V("y", TensorProto.FLOAT, ["n", 2])],
+            tmp_path / "bf16.onnx",
+        )
+        call = lambda: plan(path)  # noqa: E731
     elif kind == "custom_op":
         graph = helper.make_graph(
             [helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")],
