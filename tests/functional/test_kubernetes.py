@@ -2,7 +2,7 @@
 ConfigMap, in the layout the kubelet writes (`..<timestamp>/` holding the files, `..data` linking
 to it, one link per top-level entry), is served when the mount is the model's own directory, as
 components/llm mounts the LLM's; mounted at the repository's root, the kubelet's folders are
-taken for models and Triton refuses to start. tests/unit/test_kubernetes.py checks the rendered
+taken for models that fail to load. tests/unit/test_kubernetes.py checks the rendered
 manifest mounts it so; this is why.
 
 The model is a small Python one: what is under test is how Triton reads the directories, which
@@ -93,11 +93,14 @@ def test_a_configmap_mounted_at_the_model_directory_is_served(tmp_path: Path) ->
     assert ready, f"exit {status}:\n{(tmp_path / 'model-dir.log').read_text()[-3000:]}"
 
 
-def test_a_configmap_mounted_at_the_repository_root_stops_triton(tmp_path: Path) -> None:
+def test_a_configmap_mounted_at_the_repository_root_makes_models_of_the_kubelets_folders(
+    tmp_path: Path,
+) -> None:
+    """The kubelet's `..data` is taken for a model, which cannot load: Triton reports it (and,
+    with --exit-on-error=false, serves what does load), a failed model on every start."""
     root = tmp_path / "repository"
     root.mkdir()
     kubelet_configmap_volume(root, {"echo/config.pbtxt": CONFIG, "echo/1/model.py": MODEL})
-    ready, status = serve(root, "echo", tmp_path / "root.log")
+    serve(root, "echo", tmp_path / "root.log")
     log = (tmp_path / "root.log").read_text()
-    assert not ready and status not in (None, 0), log[-3000:]
-    assert "failed to load model '..data'" in log
+    assert "failed to load model '..data'" in log or "failed to load '..data'" in log, log[-3000:]

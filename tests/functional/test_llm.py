@@ -68,6 +68,16 @@ def still_ready(llm_triton):
 GREEDY = {"temperature": 0, "max_tokens": 24, "ignore_eos": True}
 
 
+def test_the_tiny_model_brings_its_own_engine_arguments(llm_triton):
+    """tritonstack.tinyllm's engine.json reaches the engine over model.json's: it runs eager."""
+    from tritonstack.tinyllm import ENGINE_ARGUMENTS
+
+    log = llm_triton.log_path.read_text(errors="replace")
+    config = next(line for line in log.splitlines() if "Initializing a V1 LLM engine" in line)
+    assert ENGINE_ARGUMENTS == {"enforce_eager": True}
+    assert "enforce_eager=True" in config, config[:400]
+
+
 def test_generate_answers_with_the_prompt_first_and_the_requested_outputs(llm_triton):
     status, answer = post(
         llm_triton,

@@ -288,6 +288,33 @@ def test_the_model_that_did_not_load_is_named_by_the_gateway_health_and_top(serv
     assert re.search(rf"^not loaded: {BROKEN}: .*the model expects 1 dimensions", top.stdout, re.M)
 
 
+def test_the_deep_probe_passes_for_every_model_and_fails_for_the_one_not_loaded(
+    served, project, zoo, tmp_path
+):
+    """The real blackbox_exporter with the project's generated modules (binary tensors of zeros
+    for the FP16 model, strings, the opt shapes of the bounded ones), through the gateway."""
+    import urllib.request
+
+    from tests.functional.test_observability_live import blackbox_exporter
+
+    source = project / "prometheus" / "blackbox.yml"
+    with blackbox_exporter(tmp_path, source=source) as blackbox:
+        for name in [*zoo, BROKEN]:
+            target = f"http://{served['http']}/v2/models/{name}/infer"
+            url = f"http://{blackbox}/probe?module=infer_{name}&target={target}"
+            with urllib.request.urlopen(url, timeout=15) as answer:
+                text = answer.read().decode()
+            success = "0" if name == BROKEN else "1"
+            assert f"\nprobe_success {success}\n" in text, (name, text[-600:])
+    # The container's health check builds the same requests, straight to Triton: every model.
+    checked = subprocess.run(
+        [sys.executable, "-m", "tritonstack.health", "--url", served["triton"], "--repeat", "1",
+         *(f"--model={name}" for name in zoo)], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert sorted(line.split(":")[1].strip() for line in checked.stdout.splitlines()) == sorted(zoo)
+
+
 def test_infer_steps_carry_the_state_the_model_returns(served):
     shown = subprocess.run(
         [sys.executable, "-m", "tritonstack.cli", "infer", "--url", served["http"],

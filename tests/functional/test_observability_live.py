@@ -231,13 +231,13 @@ def prometheus(
 
 
 @contextlib.contextmanager
-def blackbox_exporter(tmp: Path, api_key_file: Path | None = None):
-    """Debian's blackbox_exporter with the project's prometheus/blackbox.yml, the probe's key
-    read from `api_key_file` (None: no key); yields host:port."""
+def blackbox_exporter(tmp: Path, api_key_file: Path | None = None, source: Path | None = None):
+    """Debian's blackbox_exporter with the project's prometheus/blackbox.yml (or `source`), the
+    probe's key read from `api_key_file` (None: no key); yields host:port."""
     binary = require_tool("prometheus-blackbox-exporter")
     (port,) = free_ports(1)
     config = tmp / "blackbox.yml"
-    config.write_text(render_blackbox(api_key_file))
+    config.write_text(render_blackbox(api_key_file, *([source] if source else [])))
     log = open(tmp / "blackbox.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [

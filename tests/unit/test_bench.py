@@ -781,3 +781,15 @@ def test_vllm_serve_gets_model_jsons_engine_arguments():
     assert command[command.index("--model") + 1] == "/models/tiny"
     assert "--served-model-name" in command and "--port" in command
     assert f"--max-model-len={configured['max_model_len']}" in command
+
+
+def test_the_served_folder_s_own_engine_arguments_reach_vllm_serve_as_flags(tmp_path):
+    """The tiny model runs eager (tritonstack.tinyllm.ENGINE_ARGUMENTS) under both servers the
+    LLM benchmark compares: its engine.json reaches `vllm serve`, booleans as vLLM's flags."""
+    from tritonstack import tinyllm
+
+    (tmp_path / tinyllm.ENGINE_FILE).write_text(json.dumps(tinyllm.ENGINE_ARGUMENTS))
+    arguments = llm.engine_arguments(REPOSITORY.parent / "llm_repository", str(tmp_path))
+    assert arguments["enforce_eager"] is True
+    command = llm.vllm_command(str(tmp_path), 9000, {**arguments, "disable_log_stats": False})
+    assert "--enforce-eager" in command and "--no-disable-log-stats" in command

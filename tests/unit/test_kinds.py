@@ -72,12 +72,18 @@ def test_every_test_file_is_of_one_kind():
 def test_make_test_runs_everything_and_test_unit_only_the_unit_folder():
     make = require_tool("make")
 
-    def recipe(target: str) -> str:
-        result = subprocess.run(
+    def dry_run(target: str) -> str:
+        return subprocess.run(
             [make, "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
-        )
-        return next(line for line in result.stdout.splitlines() if "/pytest" in line)
+        ).stdout
 
-    assert recipe("test").endswith("/pytest")  # CI's command: no selection at all
-    # Only the unit tests run in parallel: the full suite's timing claims need a quiet machine.
-    assert recipe("test-unit").endswith("/pytest tests/unit -n auto")
+    def recipes(target: str) -> list[str]:
+        return [line for line in dry_run(target).splitlines() if "/pytest" in line]
+
+    # CI's command: every folder, the unit tests on every core (beside the prefetch of what the
+    # functional tests download), then the rest, all of it, one test at a time: the timing
+    # claims of the functional tests need a quiet machine.
+    unit, rest = recipes("test")
+    assert "/pytest tests/unit -n auto;" in unit and "-m tests.prefetch" in dry_run("test")
+    assert rest.endswith("/pytest --ignore=tests/unit")
+    assert [line.split("/pytest")[1] for line in recipes("test-unit")] == [" tests/unit -n auto"]

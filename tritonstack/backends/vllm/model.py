@@ -44,6 +44,9 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 ENGINE_ARGS_FILE = "model.json"
 MODEL_OVERRIDE_ENV = "TRITONSTACK_LLM_MODEL"
+#: Engine arguments a local model's folder brings for itself, over model.json's
+#: (tritonstack.tinyllm writes one: its tiny model runs eager).
+MODEL_ENGINE_FILE = "engine.json"
 #: How far the engine steps back for every other program (a nice value, 0-19). vLLM's CPU engine
 #: is two processes that busy-wait on each other between steps (sched_yield for 1 s after each
 #: message, vllm/distributed/device_communicators/shm_broadcast.py), so while it generates they
@@ -393,6 +396,10 @@ class TritonPythonModel:
                 f"{engine_config.get('model')!r}"
             )
             engine_config["model"] = override
+            own = os.path.join(override, MODEL_ENGINE_FILE)
+            if os.path.isfile(own):
+                with open(own, encoding="utf-8") as handle:
+                    engine_config.update(json.load(handle))
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         engine_args = AsyncEngineArgs(**engine_config)
