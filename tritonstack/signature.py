@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonstack import health
 from tritonstack.errors import UserError
 
 #: Random inputs when none are given: floats uniform in [-1, 1], integers 0-9 (integer inputs
@@ -54,10 +55,10 @@ NUMPY_TYPES = {
 }
 #: Datatypes that JSON cannot carry: Triton answers "use the binary data format" (its HTTP
 #: frontend, http_server.cc); every client sends and asks for them as binary tensors.
-BINARY_ONLY = frozenset({"FP16", "BF16"})
+BINARY_ONLY = frozenset(health.BINARY_ONLY)
 #: The config parameters in which tritonstack add-model writes what Triton has no field for
 #: (tritonstack.onnx_serving says what): each input's bounds, and the state the client carries.
-BOUNDS_PARAMETER = "tritonstack.input_bounds"
+BOUNDS_PARAMETER = health.BOUNDS_PARAMETER
 STATE_PARAMETER = "tritonstack.client_state"
 
 

@@ -21,22 +21,9 @@ from tritonstack.repository import Model, ModelConfig
 
 DataType = model_config_pb2.DataType
 
-# ONNX TensorProto element types -> Triton data types (Triton's onnxruntime backend mapping).
+# ONNX TensorProto element types -> Triton data types: the backend's mapping, as enum values.
 ONNX_TO_TRITON = {
-    onnx.TensorProto.FLOAT: DataType.TYPE_FP32,
-    onnx.TensorProto.FLOAT16: DataType.TYPE_FP16,
-    onnx.TensorProto.BFLOAT16: DataType.TYPE_BF16,
-    onnx.TensorProto.DOUBLE: DataType.TYPE_FP64,
-    onnx.TensorProto.INT8: DataType.TYPE_INT8,
-    onnx.TensorProto.INT16: DataType.TYPE_INT16,
-    onnx.TensorProto.INT32: DataType.TYPE_INT32,
-    onnx.TensorProto.INT64: DataType.TYPE_INT64,
-    onnx.TensorProto.UINT8: DataType.TYPE_UINT8,
-    onnx.TensorProto.UINT16: DataType.TYPE_UINT16,
-    onnx.TensorProto.UINT32: DataType.TYPE_UINT32,
-    onnx.TensorProto.UINT64: DataType.TYPE_UINT64,
-    onnx.TensorProto.BOOL: DataType.TYPE_BOOL,
-    onnx.TensorProto.STRING: DataType.TYPE_STRING,
+    onnx_type: DataType.Value(name) for onnx_type, name in rules.ONNX_TO_TRITON.items()
 }
 
 # One ONNX dimension: a fixed size, a named dynamic size (dim_param), or None (unknown/dynamic).
