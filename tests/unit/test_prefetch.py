@@ -27,5 +27,10 @@ def test_each_step_fills_the_cache_its_test_reads():
     import inspect
 
     sources = "".join(inspect.getsource(step) for step in prefetch.STEPS.values())
-    for call in ("build.rootfs_tarball(", "build.wheelhouse(", "baseline_venv(", "download_wheels("):
+    for call in (
+        "build.rootfs_tarball(",
+        "build.wheelhouse(",
+        "baseline_venv(",
+        "download_wheels(",
+    ):
         assert call in sources, call
