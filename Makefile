@@ -55,15 +55,16 @@ format: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# The unit tests on every core (they start no server, so no timing depends on a quiet machine)
-# while tests/prefetch.py fills the caches the functional tests download into (a fresh machine's
-# network minutes overlap the unit tests' CPU); then everything else, one test at a time (load,
-# latency and streaming tests need the cores). A failed prefetch only means the tests fetch later.
-test: lint llm ## lint, then every test (starts the real tritonserver on CPU); what CI runs
-	@$(BIN)/python -m tests.prefetch > .prefetch.log 2>&1 & prefetch=$$!; \
-	$(BIN)/pytest tests/unit -n auto; unit=$$?; \
-	wait $$prefetch || echo "prefetch: incomplete, the tests fetch the rest (.prefetch.log)"; \
-	cat .prefetch.log; exit $$unit
+# tests/prefetch.py fills the caches the functional tests download into while the LLM runtime
+# installs, the linters and the unit tests run (a fresh machine's network minutes overlap their
+# work); the unit tests on every core (they start no server, so no timing depends on a quiet
+# machine); then, once the prefetch is done, everything else, one test at a time (load, latency
+# and streaming tests need the cores). A failed prefetch only means the tests fetch later.
+test: venv ## lint, then every test (starts the real tritonserver on CPU); what CI runs
+	@$(BIN)/python -m tests.prefetch > .prefetch.log 2>&1 & echo $$! > .prefetch.pid
+	@$(MAKE) --no-print-directory lint llm
+	$(BIN)/pytest tests/unit -n auto
+	@while kill -0 "$$(cat .prefetch.pid)" 2>/dev/null; do sleep 1; done; cat .prefetch.log
 	$(BIN)/pytest --ignore=tests/unit
 
 test-unit: venv ## tests/unit/: no server, no download, on every core, in under a minute

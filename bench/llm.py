@@ -66,9 +66,8 @@ class LlmSettings:
 FULL = LlmSettings(
     quick=False, warmup_s=2, seconds=5, reps=5, concurrencies=(1, 4, 16), max_tokens=128
 )
-QUICK = LlmSettings(
-    quick=True, warmup_s=1, seconds=2, reps=1, concurrencies=(1, 4, 16), max_tokens=32
-)
+#: Quick: one stream and many, the two ends of the full run's sweep.
+QUICK = LlmSettings(quick=True, warmup_s=1, seconds=2, reps=1, concurrencies=(1, 16), max_tokens=32)
 
 
 def engine_arguments(repository: Path, model: str | None = None) -> dict:

@@ -60,9 +60,9 @@ end
 """
 
 
-def inputs(signature: Signature, seed: int = 0) -> dict[str, np.ndarray]:
-    """ROWS rows of seeded random values for each of the model's inputs."""
-    return signature.random_inputs(ROWS, np.random.default_rng(seed))
+def inputs(signature: Signature, seed: int = 0, rows: int = ROWS) -> dict[str, np.ndarray]:
+    """`rows` rows of seeded random values for each of the model's inputs."""
+    return signature.random_inputs(rows, np.random.default_rng(seed))
 
 
 def json_body(signature: Signature, data: dict[str, np.ndarray], classification=False) -> bytes:
@@ -156,16 +156,23 @@ class Generator:
     """Writes each model's request bodies once and runs timed closed-loop load against a target.
 
     `signatures`: the models load is sent to, by name (the bench reads them from the model
-    repository); a baseline's point names the model it reproduces."""
+    repository); a baseline's point names the model it reproduces. Each request holds `rows`
+    rows (the `own` family sends batches)."""
 
-    def __init__(self, workdir: Path, signatures: dict[str, Signature], grpc_processes: int = 2):
+    def __init__(
+        self,
+        workdir: Path,
+        signatures: dict[str, Signature],
+        grpc_processes: int = 2,
+        rows: int = ROWS,
+    ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.grpc_processes = grpc_processes
         self.signatures = signatures
         self.scripts: dict[tuple[str, str], Path] = {}
         for model, signature in signatures.items():
-            data = inputs(signature)
+            data = inputs(signature, rows=rows)
             (self.workdir / f"body.{model}.json").write_bytes(json_body(signature, data))
             (self.workdir / f"body.{model}.classification.json").write_bytes(
                 json_body(signature, data, True)

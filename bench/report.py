@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import explain, llm_report
-from bench.scenarios import DELAY_SERVERS, FAMILIES, SERVERS, TRITON, point_key
+from bench import explain, llm_report, own_report
+from bench.scenarios import DELAY_SERVERS, FAMILIES, OPT_IN_FAMILIES, SERVERS, TRITON, point_key
 from bench.stats import Target, ratio_target
 from tritonstack.errors import UserError
 
@@ -48,6 +48,15 @@ TARGET_NAMES = (
     "through the gateway ≥ 0.9x direct throughput: classifier, 16 clients (JSON)",
     "through the gateway ≥ 0.9x direct throughput: pipeline, 16 clients (JSON)",
 )
+
+
+def _own_section(results: dict, family: str) -> list[str]:
+    """The section of a family measured by its own module (bench/llm.py, bench/own.py)."""
+    if family == "llm":
+        return llm_report.section(results.get("llm"))
+    if family == "own":
+        return own_report.section(results.get("own"))
+    return []
 
 
 def _get(results: dict, server: str, model: str, protocol: str, c: int) -> dict | None:
@@ -478,9 +487,9 @@ def render_markdown(results: dict, gpu_check: dict | None = None) -> str:
             + elsewhere,
             "",
         ]
-    if not results["points"]:  # only families with sections of their own (llm)
+    if not results["points"]:  # only families with sections of their own (llm, own)
         for family in meta["families"]:
-            out += llm_report.section(results.get("llm")) if family == "llm" else []
+            out += _own_section(results, family)
         return "\n".join(out)
     out += [
         f"Versions: {versions}; load generator {meta['wrk']}.",
@@ -529,8 +538,8 @@ def render_markdown(results: dict, gpu_check: dict | None = None) -> str:
     for family in meta["families"]:
         if family == "memory":
             continue
-        if family == "llm":
-            out += llm_report.section(results.get("llm"))
+        if family in OPT_IN_FAMILIES:
+            out += _own_section(results, family)
             continue
         out += [f"## {FAMILIES[family][0].upper()}{FAMILIES[family][1:]}", ""]
         out += [family_table(results, family), ""]
@@ -647,6 +656,7 @@ def method_sections() -> list[str]:
         "python -m bench                     # full run: this file and docs/benchmarks/*.png",
         "python -m bench --quick --out /tmp/bench   # smoke run, < 3 min, every scenario family",
         "python -m bench --scenarios llm --merge    # the LLM family alone (make llm), merged in",
+        "python -m bench --scenarios own --merge    # your own models alone, merged in",
         "```",
         "",
         "The baselines install once into `~/.cache/tritonstack/bench-venv-<hash>` from "

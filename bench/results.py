@@ -106,7 +106,7 @@ def merge(base: dict, new: dict) -> dict:
         "points": [p for p in base["points"] if p["key"] not in measured] + new["points"],
         "profiles": {**(base.get("profiles") or {}), **(new.get("profiles") or {})},
     }
-    for section in ("memory", "llm"):
+    for section in ("memory", "llm", "own"):
         if new.get(section):
             merged[section] = new[section]
     return merged

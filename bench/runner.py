@@ -136,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
         results = {"points": [], "memory": None, "profiles": {}}
     if "llm" in families:
         results["llm"] = run_llm(settings.quick)
+    if "own" in families:
+        from bench import own
+
+        results["own"] = own.run(settings.quick, lambda text: print(text, flush=True))
     results["meta"] = run_meta(
         settings, families, started, load_before, results.pop("venv", None), bool(classic)
     )

@@ -30,6 +30,9 @@ FAMILIES = {
 OPT_IN_FAMILIES = {
     "llm": "Triton's vLLM path (direct, through the gateway) vs `vllm serve`: streaming tokens/s, "
     "TTFT, ITL (needs `make llm`)",
+    "own": "models of one's own (a variable-size image model, a LightGBM classifier) as "
+    "add-model serves them vs onnxruntime in-process and FastAPI + onnxruntime (needs the test "
+    "extras: the models come from tests/model_zoo.py)",
 }
 
 ServerKind = Literal["triton", "gateway", "fastapi", "mlserver"]
@@ -195,11 +198,9 @@ def family_points(family: str, s: Settings) -> list[Point]:
         ]
     if family == "delay":
         cases = [("classifier", 32)] + ([] if s.quick else [("pipeline", 16)])
-        return [
-            Point(DELAY_SERVERS[us], model, JSON, c)
-            for model, c in cases
-            for us in sorted(DELAY_SERVERS)
-        ]
+        # Quick: the committed delay and the longest, two servers of the sweep's four.
+        delays = [100, 2000] if s.quick else sorted(DELAY_SERVERS)
+        return [Point(DELAY_SERVERS[us], model, JSON, c) for model, c in cases for us in delays]
     if family == "instances":
         cases = [16] if s.quick else [16, 32]
         python = [

@@ -227,14 +227,22 @@ def _stopper(process: subprocess.Popen, workdir: Path | None = None):
 
 
 def start_fastapi(venv: Path, log_path: Path, name: str, workers: int = 1) -> Server:
-    """uvicorn with one worker (its default) or more, access log off as in production."""
+    """The classifier's FastAPI app: uvicorn with one worker (its default) or more."""
+    env = {"BENCH_MODEL_ONNX": str(MODEL_ONNX), "BENCH_LABELS": str(LABELS)}
+    return start_uvicorn(venv, log_path, name, "fastapi_app:app", env, workers)
+
+
+def start_uvicorn(
+    venv: Path, log_path: Path, name: str, app: str, env: dict[str, str], workers: int = 1
+) -> Server:
+    """A FastAPI app of bench/ in uvicorn, access log off as in production; `env` configures it."""
     (port,) = free_ports(1)
-    env = dict(os.environ, BENCH_MODEL_ONNX=str(MODEL_ONNX), BENCH_LABELS=str(LABELS))
+    env = dict(os.environ, **env)
     command = [
         str(venv / "bin" / "python"),
         "-m",
         "uvicorn",
-        "fastapi_app:app",
+        app,
         "--host",
         "127.0.0.1",
         "--port",

@@ -7,7 +7,8 @@ instead of following them.
 What it fills (each step is the tests' own code, so a cache it leaves is one they take): the
 stand-in images' root filesystem and wheelhouses (~/.cache/tritonstack/standins/), the
 benchmark's baselines virtualenv (~/.cache/tritonstack/bench-venv-*), and pip's own cache with
-the GPU carry's wheels. (The images' requirements are not worth it: their test's time is pip's
+the GPU carry's wheels, the Locust image's virtualenv (~/.cache/tritonstack/locust-image-venv-*).
+(The images' requirements are not worth it: their test's time is pip's
 resolver, which a warm cache does not shorten.) A step that fails is reported and the
 rest go on: the tests then fetch what they need themselves, only later.
 """
@@ -35,6 +36,12 @@ def _baselines() -> None:
     baseline_venv(progress=lambda _: None)
 
 
+def _locust_image_venv() -> None:
+    from tests.functional.test_locust_distributed import image_venv
+
+    image_venv()
+
+
 def _gpu_carry_wheels() -> None:
     from tests.gpu.prepare import download_wheels
 
@@ -46,6 +53,7 @@ STEPS: dict[str, Callable[[], None]] = {
     "stand-in images' root filesystem and wheels": _standins,
     "benchmark baselines' virtualenv": _baselines,
     "GPU carry's wheels": _gpu_carry_wheels,
+    "Locust image's virtualenv": _locust_image_venv,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
@@ -93,3 +94,17 @@ def copy_project(destination: Path) -> Path:
         else:
             shutil.copy2(source, target)
     return destination
+
+
+def end_locust_runs() -> None:
+    """Ctrl-C to every Locust this process started (tritonstack.loadtest.run_headless): it quits
+    gracefully with its totals, as a user's Ctrl-C, once a test has read all it needs from a
+    run started for a fixed duration."""
+    import signal
+
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "locust" in " ".join(child.cmdline()[:3]):
+                child.send_signal(signal.SIGINT)

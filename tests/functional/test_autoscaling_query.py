@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from tests.functional.test_observability_live import prometheus_query, running_prometheus
-from tests.support import REPOSITORY
+from tests.support import REPOSITORY, end_locust_runs
 from tests.unit.test_autoscaling_query import (
     POD_LABELS,
     adapter_query,
@@ -90,6 +90,7 @@ def test_queries_return_a_per_pod_queue_time_idle_and_under_load(tmp_path: Path)
             busy = poll(base, hpa_query, lambda r: all(v > 0 for v in r.values()), LOAD_SECONDS)
             keda = prometheus_query(base, keda_query())
         finally:
+            end_locust_runs()  # the queries answered: the rest of the run's duration is not needed
             load.join(LOAD_SECONDS + 60)
     assert "error" not in result, repr(result.get("error"))
     assert result["load"].requests > 0

@@ -10,6 +10,7 @@ built from loadtest/requirements.txt: the pins the Locust image installs, not th
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from tests.support import ROOT
 from tritonstack.contract import LLM_MODEL
 from tritonstack.loadtest import LOCUST_CONF, LOCUSTFILE
 from tritonstack.ports import free_ports
+from tritonstack.runtime import default_cache_dir
 
 REQUIREMENTS = ROOT / "loadtest" / "requirements.txt"
 #: (user type, model): every user type users.py defines, spread over the three models.
@@ -35,18 +37,31 @@ RUN_S = 5
 pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.fixture(scope="session")
-def image_python(tmp_path_factory) -> Path:
-    """A Python with exactly loadtest/requirements.txt installed, like the Locust image."""
-    root = tmp_path_factory.mktemp("locust-venv")
-    venv.EnvBuilder(with_pip=True).create(root)
+def image_venv() -> Path:
+    """A Python with exactly loadtest/requirements.txt installed, like the Locust image: made
+    once into ~/.cache/tritonstack/ under the requirements' hash (tests/prefetch.py makes it
+    beside the unit tests)."""
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]
+    root = default_cache_dir() / f"locust-image-venv-{digest}"
     python = root / "bin" / "python"
+    if (root / ".installed").exists():
+        return python
+    shutil.rmtree(root, ignore_errors=True)
+    venv.EnvBuilder(with_pip=True).create(root)
     install = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     result = subprocess.run(
         [*install, "-r", str(REQUIREMENTS)], capture_output=True, text=True, timeout=900
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+    if result.returncode:
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"pip install -r {REQUIREMENTS} failed:\n{result.stderr[-2000:]}")
+    (root / ".installed").touch()
     return python
+
+
+@pytest.fixture(scope="session")
+def image_python() -> Path:
+    return image_venv()
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ import yaml
 
 from bench.loadgen import Generator, Target
 from bench.runner import model_signatures
-from tests.support import REPOSITORY, embeddings, require_tool
+from tests.support import REPOSITORY, embeddings, end_locust_runs, require_tool
 from tritonstack import dashboards, processes
 from tritonstack.gateway import Gateway
 from tritonstack.metrics import scrape
@@ -386,6 +386,7 @@ def stack(tmp_path_factory):
                 }
             finally:
                 stop.set()
+                end_locust_runs()  # every test has read what it needs: no full duration
                 load.join(LOAD_SECONDS + 60)
                 for worker in workers:
                     worker.join(10)

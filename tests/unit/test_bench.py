@@ -793,3 +793,76 @@ def test_the_served_folder_s_own_engine_arguments_reach_vllm_serve_as_flags(tmp_
     assert arguments["enforce_eager"] is True
     command = llm.vllm_command(str(tmp_path), 9000, {**arguments, "disable_log_stats": False})
     assert "--enforce-eager" in command and "--no-disable-log-stats" in command
+
+
+def own_point(model: str, server: str, protocol: str, rows_per_s: float) -> dict:
+    from bench import own
+
+    summary = {
+        "reps": 1,
+        "rps": {"median": rows_per_s / own.ROWS, "low": 0, "high": 0},
+        "rows_per_request": own.ROWS,
+        "p99_ms": {"median": 12.5, "low": 0, "high": 0},
+        "server_cores": 1.9,
+    }
+    return {"model": model, "server": server, "protocol": protocol, "summary": summary}
+
+
+def own_results(triton: dict[str, tuple[float, float]]) -> dict:
+    """An own section where each model runs 1,000 rows/s in-process and Triton (JSON, binary)."""
+    from bench import own
+
+    points = []
+    for model, (json_rate, binary_rate) in triton.items():
+        points += [
+            own_point(model, "onnxruntime", "", 1000),
+            own_point(model, "triton", "http-json", json_rate),
+            own_point(model, "triton", "http-binary", binary_rate),
+            own_point(model, "fastapi", "http-json", 300),
+        ]
+    meta = {
+        "started": "2026-01-01T00:00:00+00:00",
+        "duration_s": 75,
+        "load_before": [0.1, 0, 0],
+        "settings": asdict(own.FULL),
+        "rows": own.ROWS,
+        "clients": own.CLIENTS,
+    }
+    return {"meta": meta, "points": points}
+
+
+def test_own_targets_take_triton_s_better_protocol_against_onnxruntime_in_process():
+    from bench import own_report
+
+    found = own_report.targets(own_results({"image": (700, 850), "lightgbm": (790, 600)}))
+    assert [t.passed for t in found] == [True, False]
+    assert found[0].name == own_report.target_name("image")
+    assert "850 (http-binary) vs 1,000 rows/s = 0.85x (≥ 0.8x)" in found[0].detail
+    assert "790 (http-json) vs 1,000 rows/s = 0.79x" in found[1].detail
+    missing = own_results({"image": (700, 850)})
+    assert [t.passed for t in own_report.targets(missing)] == [True, None]
+    assert own_report.targets(None) == []
+
+
+def test_own_section_renders_every_point_with_its_ratio_to_in_process():
+    from bench import own_report
+
+    text = "\n".join(own_report.section(own_results({"image": (700, 850), "lightgbm": (900, 950)})))
+    assert text.startswith(own_report.HEADING)
+    assert (
+        "| `image` | Triton (add-model's config) | http-binary | 850 | 0.85x | 12.5 | 1.90 |"
+        in (text)
+    )
+    assert "| `lightgbm` | FastAPI + onnxruntime (1 worker) | http-json | 300 | 0.30x |" in text
+    assert "Not run" in "\n".join(own_report.section(None))
+
+
+def test_own_results_merge_into_a_full_run_and_render(tmp_path):
+    """`python -m bench --scenarios own --merge`: the section joins a full run's results."""
+    base = {
+        "meta": {"quick": False, "families": ["models"], "mode": "full"},
+        "points": [],
+        "profiles": {},
+    }
+    new = {"meta": {"quick": False, "families": ["own"]}, "points": [], "own": own_results({})}
+    assert results.merge(base, new)["own"] == new["own"]

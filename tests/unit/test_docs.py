@@ -37,6 +37,11 @@ BENCH_COMMANDS = {
     f"{BENCH} --quick --out /tmp/bench": (
         "tests/functional/test_bench.py::test_quick_bench_end_to_end"
     ),
+    f"{BENCH} --scenarios own --merge": (
+        "tests/functional/test_bench_own.py::test_quick_own_family_compares_triton_with_"
+        "onnxruntime_in_process runs the family (--quick, into a folder of its own); "
+        "tests/unit/test_bench.py::test_own_results_merge_into_a_full_run_and_render the merge"
+    ),
     f"{BENCH} --scenarios llm --merge": (
         "tests/functional/test_bench_llm.py::test_quick_llm_family_compares_triton_with_vllm_"
         "serve runs the family (--quick, into a folder of its own); "

@@ -84,6 +84,6 @@ def test_make_test_runs_everything_and_test_unit_only_the_unit_folder():
     # functional tests download), then the rest, all of it, one test at a time: the timing
     # claims of the functional tests need a quiet machine.
     unit, rest = recipes("test")
-    assert "/pytest tests/unit -n auto;" in unit and "-m tests.prefetch" in dry_run("test")
+    assert unit.endswith("/pytest tests/unit -n auto") and "-m tests.prefetch" in dry_run("test")
     assert rest.endswith("/pytest --ignore=tests/unit")
     assert [line.split("/pytest")[1] for line in recipes("test-unit")] == [" tests/unit -n auto"]

@@ -23,7 +23,7 @@ def test_a_failed_step_is_reported_and_the_rest_still_run(monkeypatch, capsys):
 def test_each_step_fills_the_cache_its_test_reads():
     """The steps call the builders the tests call (not copies), so a cache they leave is one the
     tests take: the stand-ins' root filesystem and wheelhouses, the baselines' virtualenv, the
-    GPU carry's wheels."""
+    GPU carry's wheels, the Locust image's virtualenv."""
     import inspect
 
     sources = "".join(inspect.getsource(step) for step in prefetch.STEPS.values())
@@ -32,5 +32,6 @@ def test_each_step_fills_the_cache_its_test_reads():
         "build.wheelhouse(",
         "baseline_venv(",
         "download_wheels(",
+        "image_venv(",
     ):
         assert call in sources, call

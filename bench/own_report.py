@@ -1,0 +1,145 @@
+"""The `own` family's part of docs/benchmarks.md: its targets, its table, how it was measured.
+
+Pure functions of results.json's `own` section (bench/own.py writes it), so they are unit-tested.
+"""
+
+from __future__ import annotations
+
+from bench.own import FLOOR, MODELS, ROWS, SERVERS
+from bench.stats import Target
+
+HEADING = "## Your own models: add-model's configs vs onnxruntime in-process and FastAPI"
+
+
+def target_name(model: str) -> str:
+    return f"`{model}` served by Triton ≥ {FLOOR}x onnxruntime in-process ({ROWS}-row batches)"
+
+
+def rows_per_s(point: dict | None) -> float | None:
+    if point is None or not point["summary"]["rps"]["median"]:
+        return None
+    return point["summary"]["rps"]["median"] * point["summary"]["rows_per_request"]
+
+
+def _point(own: dict, model: str, server: str, protocol: str = "") -> dict | None:
+    return next(
+        (
+            p
+            for p in own["points"]
+            if p["model"] == model and p["server"] == server and p["protocol"] == protocol
+        ),
+        None,
+    )
+
+
+def best_triton(own: dict, model: str) -> tuple[str, float] | None:
+    """Triton's better protocol for `model` and its rows/s."""
+    found = [
+        (protocol, rows_per_s(_point(own, model, "triton", protocol)))
+        for protocol in ("http-binary", "http-json")
+    ]
+    found = [(protocol, value) for protocol, value in found if value]
+    return max(found, key=lambda item: item[1]) if found else None
+
+
+def targets(own: dict | None) -> list[Target]:
+    if not own:
+        return []
+    found = []
+    for model in MODELS:
+        reference = rows_per_s(_point(own, model, "onnxruntime"))
+        best = best_triton(own, model)
+        if reference is None or best is None:
+            found.append(Target(target_name(model), None, "a point it needs was not measured"))
+            continue
+        protocol, served = best
+        ratio = served / reference
+        detail = (
+            f"{served:,.0f} ({protocol}) vs {reference:,.0f} rows/s = {ratio:.2f}x (≥ {FLOOR}x)"
+        )
+        found.append(Target(target_name(model), ratio >= FLOOR, detail))
+    return found
+
+
+def cpu_us_per_row(point: dict | None) -> float | None:
+    """The server's (or, in-process, onnxruntime's) CPU per row served, in microseconds."""
+    rate = rows_per_s(point)
+    return None if not rate else point["summary"]["server_cores"] / rate * 1e6
+
+
+def table(own: dict) -> str:
+    lines = [
+        "| model | server | protocol | rows/s | vs in-process | p99 ms | server cores | "
+        "CPU µs/row |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for model in MODELS:
+        reference = rows_per_s(_point(own, model, "onnxruntime"))
+        for point in (p for p in own["points"] if p["model"] == model):
+            s = point["summary"]
+            rate = rows_per_s(point) or 0.0
+            ratio = f"{rate / reference:.2f}x" if reference else "n/a"
+            p99 = "" if point["server"] == "onnxruntime" else f"{s['p99_ms']['median']:.1f}"
+            lines.append(
+                f"| `{model}` | {SERVERS[point['server']]} | {point['protocol'] or '-'} | "
+                f"{rate:,.0f} | {ratio} | {p99} | {s['server_cores']:.2f} | "
+                f"{cpu_us_per_row(point) or 0:,.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def findings(own: dict) -> list[str]:
+    """Where Triton's rows go, per model: its CPU per request beyond onnxruntime's own."""
+    out = []
+    for model in MODELS:
+        reference = cpu_us_per_row(_point(own, model, "onnxruntime"))
+        best = best_triton(own, model)
+        served = cpu_us_per_row(_point(own, model, "triton", best[0])) if best else None
+        if reference is None or served is None:
+            continue
+        extra = (served - reference) * ROWS
+        out.append(
+            f"`{model}`: Triton spends {served:,.0f} µs of CPU per row ({best[0]}) where "
+            f"onnxruntime alone spends {reference:,.0f}: about {extra:,.0f} µs per {ROWS}-row "
+            "request go to the request's path around the model (HTTP, the dynamic batcher, and "
+            "the embedded runtime's Python backend copying tensors into its stub and back; the "
+            "container's C++ onnxruntime backend has no stub), on cores the load generator also "
+            "uses."
+        )
+    return out
+
+
+def section(own: dict | None) -> list[str]:
+    """The family's section of docs/benchmarks.md."""
+    out = [HEADING, ""]
+    if not own:
+        return [*out, "Not run: `python -m bench --scenarios own`.", ""]
+    meta, s = own["meta"], own["meta"]["settings"]
+    minutes, seconds = divmod(meta["duration_s"], 60)
+    out += [
+        f"Measured on {meta['started']} in {minutes} min {seconds} s (load average before: "
+        f"{meta['load_before'][0]}).",
+        "",
+        "| target | verdict | numbers |",
+        "|---|---|---|",
+        *(f"| {t.name} | {t.verdict} | {t.detail} |" for t in targets(own)),
+        "",
+        table(own),
+        "",
+        *(f"{finding}\n" for finding in findings(own)),
+        "Two models as `tritonstack add-model` serves them (`bench/own.py` builds them): `image`, "
+        "a small CNN (3x3 convolutions of 16, 32 and 64 channels, pooling, a linear head) taking "
+        "any height and width within its `--shape` bounds, every request at its opt size, "
+        "3x64x64; and `lightgbm`, a LightGBM classifier of 400 trees over 20 features converted "
+        "by onnxmltools (`ai.onnx.ml` trees, its label output corrected). Every request "
+        f"holds {meta['rows']} rows; the servers get {meta['clients']} closed-loop clients (wrk, "
+        f"one connection each) for {s['warmup_s']} s of warm-up and {s['reps']} window(s) of "
+        f"{s['seconds']} s (median, min-max in brackets). onnxruntime in-process runs the same "
+        "batch back to back in the bench's own process with its default threads (every core): "
+        "the ceiling of what a server adds nothing to. Triton serves add-model's config "
+        "(dynamic batching, two instances of one intra-op thread); FastAPI + onnxruntime "
+        "(`bench/fastapi_onnx_app.py`, one uvicorn worker, one intra-op thread) takes the same "
+        "JSON requests. CPU is in cores (2.0 = the whole machine): the server's process tree.",
+        "",
+    ]
+    return out

@@ -1,0 +1,39 @@
+"""python -m bench's own family end to end in quick mode: two models of one's own as add-model
+serves them, on the real Triton and FastAPI + onnxruntime, against onnxruntime in-process.
+The numbers are smoke; that every server answered every window, with every row, is not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import own, own_report
+from bench.runner import main
+from tests.support import require_tool
+
+
+@pytest.mark.timeout(600)
+def test_quick_own_family_compares_triton_with_onnxruntime_in_process(tmp_path, capsys):
+    require_tool("wrk")
+    assert main(["--quick", "--scenarios", "own", "--out", str(tmp_path)]) == 0
+    progress = capsys.readouterr().out
+    assert "own: image onnxruntime in-process:" in progress
+    results = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
+    section = results["own"]
+    measured = {(p["model"], p["server"], p["protocol"]) for p in section["points"]}
+    expected = {(m, "onnxruntime", "") for m in own.MODELS} | {
+        (m, server, protocol)
+        for m in own.MODELS
+        for server, protocols in own.PROTOCOLS.items()
+        for protocol in protocols
+    }
+    assert measured == expected
+    for point in section["points"]:
+        summary = point["summary"]
+        assert summary["errors"] == 0 and summary["rps"]["median"] > 0, point
+        assert summary["rows_per_request"] == own.ROWS, point
+    found = own_report.targets(section)
+    assert [t.passed is not None for t in found] == [True] * len(own.MODELS), found
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert own_report.HEADING in text and "QUICK MODE" in text
