@@ -1,5 +1,6 @@
-"""`docker compose up` for real: the committed docker-compose.yml + compose.cpu.yml, unchanged,
-on a private Docker engine holding stand-ins for the official images (tests/standins/).
+"""`docker compose up` for real: the committed docker-compose.yml + compose.cpu.yml, unchanged
+(a third file of the tests' own runs every healthcheck every 2 s: HEALTHCHECK_INTERVAL), on a
+private Docker engine holding stand-ins for the official images (tests/standins/).
 
 One stack serves the whole module, every service but Grafana (no build of it is obtainable
 here), run from a copy of this checkout to which `tritonstack add-model` added a model of the
@@ -43,6 +44,14 @@ from tritonstack.settings import load
 pytestmark = pytest.mark.timeout(900)
 
 FILES = ("docker-compose.yml", "compose.cpu.yml")
+#: The one setting the tests change, through a third file of their own: every healthcheck runs
+#: every HEALTHCHECK_INTERVAL instead of the committed 15 s. `up --wait` waits for each level of
+#: `depends_on: service_healthy` in turn (Triton, then the gateway, then what calls it), and
+#: Docker 20.10 runs a container's first check one interval after it starts (a faster start
+#: interval needs Docker 25): at 15 s the stack's four starts here waited about two minutes for
+#: checks that had long since been able to pass. What each check does, and its timeout, retries
+#: and start period, stay the committed ones.
+HEALTHCHECK_INTERVAL = "2s"
 #: The services an operator brings up here: all but Grafana (no image is obtainable) and the
 #: GPU bench (a profile, perf_analyzer's SDK image).
 SERVICES = (
@@ -69,9 +78,16 @@ class Compose:
         self.project = f"tst{os.getpid()}"
         self.env_file = env_file
         self.root = root
+        self.intervals = env_file.with_name("healthcheck-intervals.yml")
+        committed = yaml.safe_load((root / FILES[0]).read_text())["services"]
+        self.intervals.write_text(yaml.safe_dump({"services": {
+            name: {"healthcheck": {"interval": HEALTHCHECK_INTERVAL}}
+            for name, service in committed.items() if "healthcheck" in service
+        }}))  # fmt: skip
 
     def command(self, *args: str) -> list[str]:
         files = [arg for name in FILES for arg in ("-f", str(self.root / name))]
+        files += ["-f", str(self.intervals)]
         return [
             "docker",
             "compose",
