@@ -27,7 +27,11 @@ from tritonstack.export import (
 
 def predict(model: Path | bytes, features: np.ndarray) -> np.ndarray:
     source = model if isinstance(model, bytes) else str(model)
-    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    # One thread: onnxruntime's thread pool may split a sum differently from one run to the next
+    # on a busy machine, and these tests compare models, not schedules.
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     return session.run(["class"], {"features": features})[0]
 
 
