@@ -24,6 +24,9 @@ COMPOSE_BENCH = """\
   perf-analyzer:
     profiles: ["bench"]
     image: nvcr.io/nvidia/tritonserver:26.08-py3-sdk  # same release as the server (2.72)
+    # Triton itself, not the gateway: it measures the server, and reads its statistics API with
+    # the admin key (the gateway routes neither); a one-shot an operator runs by hand.
+    networks: [serving]
     depends_on:
       triton:
         condition: service_healthy

@@ -67,9 +67,8 @@ ADMIN_HEADER=tritonstack-admin-key
 WATCHDOG=${TRITONSTACK_WATCHDOG:-on}
 WATCHDOG_INTERVAL=${TRITONSTACK_WATCHDOG_INTERVAL:-5}
 WATCHDOG_FAILURES=${TRITONSTACK_WATCHDOG_FAILURES:-3}
-WATCHDOG_PROBE=${TRITONSTACK_WATCHDOG_PROBE:-python3 $HOME_DIR/healthcheck.py --url 127.0.0.1:$HTTP_PORT}
-# Ready (--strict-readiness: every model loaded and warmed up, so its engines are built).
-READY_PROBE=${TRITONSTACK_READY_PROBE:-python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$HTTP_PORT/v2/health/ready', timeout=2)"}
+# The deep probe finds Triton where the healthcheck does: $TRITONSTACK_SERVING_NAME's address.
+WATCHDOG_PROBE=${TRITONSTACK_WATCHDOG_PROBE:-python3 $HOME_DIR/healthcheck.py}
 
 # Everything goes to stderr: tensorrt_plan's stdout is the plan path its caller captures.
 log() { printf '[entrypoint] %s\n' "$*" >&2; }
@@ -416,12 +415,30 @@ while IFS= read -r line || [[ -n $line ]]; do
   [[ -z $line || $line == \#* ]] || shared+=("$line")
 done <"$FLAGS_FILE"
 
+# Where inference is served. In compose TRITONSTACK_SERVING_NAME is this service's alias on the
+# network it shares with the gateway: HTTP and gRPC bind to this container's address there and
+# nowhere else (metrics on every address, named: Triton's default is the HTTP address), so Prometheus, which reaches the container on another network for the metrics
+# port, finds them closed (docs/security.md, "Who reaches what"). Unset (Kubernetes, where
+# NetworkPolicies filter by port): every address.
+SERVE_ADDRESS=0.0.0.0 SERVE_HOST=127.0.0.1
+if [[ -n ${TRITONSTACK_SERVING_NAME:-} ]]; then
+  SERVE_ADDRESS=$(python3 "$HOME_DIR/healthcheck.py" --address-of "$TRITONSTACK_SERVING_NAME") ||
+    die "no address to serve on (above); TRITONSTACK_SERVING_NAME=$TRITONSTACK_SERVING_NAME"
+  SERVE_HOST=$SERVE_ADDRESS
+  log "inference on $SERVE_ADDRESS ($TRITONSTACK_SERVING_NAME), metrics on every address"
+fi
+# Ready (--strict-readiness: every model loaded and warmed up, so its engines are built).
+READY_PROBE=${TRITONSTACK_READY_PROBE:-python3 -c "import urllib.request as u; u.urlopen('http://$SERVE_HOST:$HTTP_PORT/v2/health/ready', timeout=2)"}
+
 args=(
   --model-repository="$VIEW"
   "${shared[@]}"
   --exit-timeout-secs="$EXIT_TIMEOUT"
+  --http-address="$SERVE_ADDRESS"
   --http-port="$HTTP_PORT"
+  --grpc-address="$SERVE_ADDRESS"
   --grpc-port="$GRPC_PORT"
+  --metrics-address=0.0.0.0
   --metrics-port="$METRICS_PORT"
 )
 if [[ $DEVICE == gpu ]]; then

@@ -21,6 +21,10 @@ turn load into an outage. The whole check ends within --deadline (default 8 s): 
 healthcheck running past its timeout (compose: 10 s) as a failure, so a slow server must be called
 busy before that, not cut off.
 
+--ready asks only `/v2/models/<model>/ready` (the LLM's check: a generation would count in the
+metrics its dashboards show). --address-of NAME prints the address this container serves on (see
+serving_address).
+
 Standard library only: the Triton image runs this file as /opt/tritonstack/healthcheck.py (its
 Dockerfile HEALTHCHECK, compose's healthcheck, the entrypoint's watchdog, Kubernetes' probes);
 `tritonstack serve`'s supervisor imports it.
@@ -32,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -41,6 +46,10 @@ from pathlib import Path
 
 HTTP_PORT = 8000
 LOOPBACK = "127.0.0.1"
+#: In compose: the network alias under which this container's Triton serves inference. Triton's
+#: HTTP and gRPC ports bind only to this container's address on that network (the gateway's), so
+#: a container on its other network (Prometheus, for the metrics port) finds them closed.
+SERVING_NAME = "TRITONSTACK_SERVING_NAME"
 #: Below compose's and the Dockerfile's healthcheck timeout (10 s), with room for Python's start.
 DEADLINE_S = 8.0
 REQUEST_TIMEOUT_S = 4.0
@@ -111,6 +120,8 @@ def call(
         with urllib.request.urlopen(request, timeout=timeout) as response:
             raw = response.read()
             length = response.headers.get(HEADER_LENGTH)
+            if not raw:
+                return {}  # readiness: a status, no body
             if length is None:
                 return json.loads(raw)
             answer = json.loads(raw[: int(length)])
@@ -254,6 +265,45 @@ def probe_models(
     return healthy, busy, dead, unloaded
 
 
+def serving_address(name: str) -> str:
+    """This container's IPv4 address among those `name` resolves to. The name is a network
+    alias every replica of a service shares on one network, so it resolves to each replica's
+    address there; the one this container can bind is its own."""
+    try:
+        found = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise LookupError(f"{name} does not resolve here ({exc}): {SERVING_NAME} must name a "
+                          "network alias of this container") from None  # fmt: skip
+    addresses = sorted({info[4][0] for info in found})
+    for address in addresses:
+        with socket.socket() as probe_socket:
+            try:
+                probe_socket.bind((address, 0))
+            except OSError:
+                continue
+            return address
+    raise LookupError(f"{name} resolves to {', '.join(addresses)}, none of them this container's")
+
+
+def default_host(environ: Mapping[str, str] = os.environ) -> str:
+    """Where this container's Triton answers HTTP: its address on the serving network when
+    $TRITONSTACK_SERVING_NAME names it, else loopback."""
+    name = environ.get(SERVING_NAME, "")
+    return serving_address(name) if name else LOOPBACK
+
+
+def ready(url: str, models: Sequence[str], timeout_s: float) -> list[str]:
+    """What is not ready among `models` (Triton's answer for each), empty when all are."""
+    deadline = Deadline(timeout_s, timeout_s)
+    missing = []
+    for model in models:
+        try:
+            call(url, f"/v2/models/{model}/ready", deadline)
+        except (Dead, Busy, NotLoaded) as exc:
+            missing.append(f"not ready: {model}: {exc}")
+    return missing
+
+
 def public_models(environ: Mapping[str, str] = os.environ, stack_env: Path = STACK_ENV) -> list:
     """$PUBLIC_MODELS, else the PUBLIC_MODELS line of stack.env beside this file."""
     value = environ.get("PUBLIC_MODELS", "")
@@ -268,7 +318,9 @@ def public_models(environ: Mapping[str, str] = os.environ, stack_env: Path = STA
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     port = os.environ.get("TRITON_HTTP_PORT", str(HTTP_PORT))
-    parser.add_argument("--url", default=f"{LOOPBACK}:{port}", help="Triton HTTP host:port")
+    parser.add_argument(
+        "--url", help=f"Triton HTTP host:port (default: loopback, or ${SERVING_NAME}'s address)"
+    )
     parser.add_argument(
         "--model",
         action="append",
@@ -280,12 +332,28 @@ def main(argv: list[str] | None = None) -> int:
         "--deadline", type=float, default=DEADLINE_S, help="the whole check, s (busy past it)"
     )
     parser.add_argument("--repeat", type=int, default=REPEAT, help="requests per model (>= 1)")
+    parser.add_argument("--ready", action="store_true", help="only ask each model's readiness")
+    parser.add_argument("--address-of", metavar="NAME", help="print this container's address "
+                        "among NAME's and exit")  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        if args.address_of:
+            print(serving_address(args.address_of))
+            return 0
+        url = args.url or f"{default_host()}:{port}"
+    except LookupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     models = args.models or public_models()
     if not models:
         print("error: no model to call: pass --model, or set PUBLIC_MODELS", file=sys.stderr)
         return 2
-    found = probe_models(args.url, models, args.deadline, args.timeout, args.repeat)
+    if args.ready:
+        missing = ready(url, models, args.timeout)
+        for line in missing:
+            print(line, file=sys.stderr)
+        return 1 if missing else 0
+    found = probe_models(url, models, args.deadline, args.timeout, args.repeat)
     healthy, busy, dead, unloaded = found
     for line in healthy + busy:
         print(line)

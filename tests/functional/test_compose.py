@@ -208,11 +208,13 @@ def test_gateway_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
 
 
 def llm_healthcheck(gpu: dict, http_url: str) -> subprocess.CompletedProcess:
-    """triton-llm's healthcheck command, run here against `http_url` instead of its own port."""
+    """triton-llm's healthcheck command (the health check the container mounts), run here
+    against `http_url` instead of its serving address."""
     test = gpu["services"]["triton-llm"]["healthcheck"]["test"]
-    assert test[:3] == ["CMD", "python3", "-c"]
-    code = test[3].replace("127.0.0.1:8000", http_url)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert test[:3] == ["CMD", "python3", "/opt/tritonstack/healthcheck.py"]
+    script = str(ROOT / "tritonstack" / "health.py")
+    command = [sys.executable, script, *test[3:], "--url", http_url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30)
 
 
 def test_llm_healthcheck_passes_once_llm_is_ready_and_not_before(gpu, llm_triton, triton) -> None:
@@ -221,4 +223,4 @@ def test_llm_healthcheck_passes_once_llm_is_ready_and_not_before(gpu, llm_triton
     assert llm_healthcheck(gpu, llm_triton.http_url).returncode == 0
     missing = llm_healthcheck(gpu, triton.http_url)
     # Triton answers an unknown model's readiness with 400 (no `llm` here): an error status.
-    assert missing.returncode != 0 and "HTTP Error 400" in missing.stderr
+    assert missing.returncode == 1 and "not ready: llm: HTTP 400" in missing.stderr

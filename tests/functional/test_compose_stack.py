@@ -325,6 +325,70 @@ def test_published_ports_are_loopback_only_and_containers_reach_nothing_outside(
     assert result.stdout.startswith("unreachable"), result.stdout + result.stderr
 
 
+#: Run in a source container's network namespace: which of the (address, port) pairs open.
+DOOR_PROBE = """
+import concurrent.futures, json, socket, sys
+def opens(target):
+    try:
+        socket.create_connection(tuple(target), timeout=2).close()
+        return True
+    except OSError:
+        return False
+targets = json.loads(sys.argv[1])
+with concurrent.futures.ThreadPoolExecutor(64) as pool:
+    print(json.dumps(list(pool.map(opens, targets))))
+"""
+
+
+def documented_reach() -> dict[str, set[str]]:
+    """docs/security.md's "Who reaches what": each service's reachable service:port pairs."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    section = text.split("## Who reaches what", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| ([\w-]+) \| ([\w:\- ]+) \|$", section, re.MULTILINE)
+    return {source: set(reached.split()) for source, reached in rows}
+
+
+def test_each_service_reaches_exactly_what_security_md_says(stack):
+    """From each running container's own network namespace (a throwaway container joined to
+    it), every port each other service listens on (its compose `expose` and `ports`), at each of
+    its addresses: what opens is docs/security.md's table, no more and no less. Prometheus finds
+    Triton's metrics port open and its inference ports closed; Locust, the prober and Triton
+    never reach Triton or one another past their zone."""
+    # Without forwarding, a container reaches only the networks it is on (Docker's isolation
+    # rules do the same on a host); a host that forwards would route between the bridges.
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0", (
+        "this host forwards IPv4 between interfaces: the private engine (no iptables) cannot "
+        "isolate its networks here"
+    )
+    committed = yaml.safe_load((stack.root / FILES[0]).read_text())["services"]
+    listed = {s: committed[s].get("expose", []) + committed[s].get("ports", []) for s in SERVICES}
+    ports = {
+        service: sorted({int(str(port).split(":")[-1]) for port in listed[service]})
+        for service in SERVICES if service != "secrets"
+    }  # fmt: skip
+    containers = {service: stack.containers(service) for service in ports}
+    expected = documented_reach()
+    assert set(expected) == set(ports), "docs/security.md's table names every running service"
+    for source, sources in containers.items():
+        for origin in sources:
+            targets = [
+                (service, port, network["IPAddress"])
+                for service, found in containers.items()
+                for container in found if container["Id"] != origin["Id"]
+                for network in container["NetworkSettings"]["Networks"].values()
+                for port in ports[service]
+            ]  # fmt: skip
+            probe = stack.docker(
+                "run", "--rm", "--network", f"container:{origin['Id']}", "--entrypoint",
+                "python", "tritonstack/locust:2.47.0", "-c", DOOR_PROBE,
+                json.dumps([[address, port] for _, port, address in targets]),
+            )  # fmt: skip
+            opened = json.loads(probe.stdout)
+            pairs = zip(targets, opened, strict=True)
+            reached = {f"{service}:{port}" for (service, port, _), ok in pairs if ok}
+            assert reached == expected[source], (source, sorted(reached ^ expected[source]))
+
+
 # --- inference ---------------------------------------------------------------------------------
 
 

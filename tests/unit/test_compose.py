@@ -198,7 +198,11 @@ def test_cpu_variant_drops_the_gpu_and_nothing_else(gpu: dict, cpu: dict) -> Non
     # Everything else is the GPU stack's (docker-compose v1 reorders volumes when it merges).
     def same(service: dict, *drop: str) -> dict:
         kept = {k: v for k, v in service.items() if k not in drop}
-        return {**kept, "volumes": sorted(kept.get("volumes", []))}
+        # v1 writes a list of networks as a map of nulls when it merges files.
+        networks = kept.get("networks", {})
+        networks = {name: (networks[name] if isinstance(networks, dict) else None) or {}
+                    for name in networks}  # fmt: skip
+        return {**kept, "volumes": sorted(kept.get("volumes", [])), "networks": networks}
 
     # docker-compose v1 drops every `pull_policy` when it merges files (it predates the key's
     # merge rule); Compose v2 keeps them, and the override does not mention the key.
@@ -616,9 +620,13 @@ def test_llm_shares_triton_s_gpu_network_and_user(gpu: dict) -> None:
     llm, triton = gpu["services"]["triton-llm"], gpu["services"]["triton"]
     assert llm["profiles"] == ["llm"]
     assert llm["deploy"] == triton["deploy"]  # one GPU, reserved the same way
-    # On the network the gateway shares with triton, reachable only there, on the contract's
-    # ports; nothing depends on it, so nothing without the profile asks for it.
-    assert llm.get("networks") == triton.get("networks") and "network_mode" not in llm
+    # On the serving network the gateway shares with triton, under an alias of its own that
+    # its HTTP and gRPC bind to; its metrics on a network of its own with Prometheus; nothing
+    # depends on it, so nothing without the profile asks for it.
+    assert llm["networks"]["serving"] == {"aliases": ["triton-llm-serving"]}
+    assert triton["networks"]["serving"] == {"aliases": ["triton-serving"]}
+    assert set(llm["networks"]) == {"serving", "llm-metrics"} and "network_mode" not in llm
+    assert llm["environment"]["TRITONSTACK_SERVING_NAME"] == "triton-llm-serving"
     assert "ports" not in llm
     ports = {contract.HTTP_PORT, contract.GRPC_PORT, contract.METRICS_PORT}
     assert {int(p) for p in llm["expose"]} == ports
@@ -681,10 +689,13 @@ def test_llm_drains_within_the_gateway_s_stop_bounds(gpu: dict) -> None:
 
 def test_llm_healthcheck_waits_for_the_model_and_its_first_download(gpu: dict) -> None:
     check = gpu["services"]["triton-llm"]["healthcheck"]
-    assert check["test"][:3] == ["CMD", "python3", "-c"]
-    url = f"http://127.0.0.1:{contract.HTTP_PORT}/v2/models/{contract.LLM_MODEL}/ready"
-    assert f"u.urlopen('{url}', timeout=4)" in check["test"][3]
-    assert compose_seconds(check["timeout"]) > 4  # urlopen gives up first, with its error
+    # Readiness only (a generation would count in the LLM's metrics), asked where the
+    # container serves (its serving address), by the health check the triton image runs.
+    script = "/opt/tritonstack/healthcheck.py"
+    assert check["test"] == ["CMD", "python3", script, "--ready", "--model", contract.LLM_MODEL]
+    mounts = [str(v) for v in gpu["services"]["triton-llm"]["volumes"]]
+    assert f"{ROOT / 'tritonstack' / 'health.py'}:{script}:ro" in mounts
+    assert compose_seconds(check["timeout"]) > 4  # the request gives up first, with its error
     assert compose_seconds(check["start_period"]) >= 600  # ~1 GB download + vLLM's start
 
 
@@ -746,8 +757,11 @@ def test_llm_command_passes_the_shared_flags_and_the_admin_key(gpu: dict, tmp_pa
         f"--model-repository={LLM_REPOSITORY}",
         *shared,
         "--exit-timeout-secs=20",
+        "--http-address=0.0.0.0",
         f"--http-port={contract.HTTP_PORT}",
+        "--grpc-address=0.0.0.0",
         f"--grpc-port={contract.GRPC_PORT}",
+        "--metrics-address=0.0.0.0",
         f"--metrics-port={contract.METRICS_PORT}",
         "--allow-gpu-metrics=false",
         *restricted("k" * 48),

@@ -130,8 +130,11 @@ def expected_argv(view: Path, gpu: bool) -> list[str]:
         f"--model-repository={view}",
         *shared_flags(FLAGS),
         "--exit-timeout-secs=20",
+        "--http-address=0.0.0.0",
         "--http-port=8000",
+        "--grpc-address=0.0.0.0",
         "--grpc-port=8001",
+        "--metrics-address=0.0.0.0",
         "--metrics-port=8002",
         *(device if gpu else ["--allow-gpu-metrics=false"]),
         *restricted(ADMIN_KEY),
@@ -537,3 +540,22 @@ def test_an_added_models_plan_is_built_with_the_profile_of_its_bounds(tmp_path: 
         "--optShapes='images':2x3x16x24",
         "--maxShapes='images':4x3x32x32",
     ]
+
+
+def test_inference_binds_only_the_serving_network_s_address(tmp_path: Path) -> None:
+    """TRITONSTACK_SERVING_NAME (compose's alias on the gateway's network): HTTP and gRPC bind
+    to this container's address among the name's, metrics stay on every address; a name that
+    resolves to no address of this container stops the start with one line."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "healthcheck.py").symlink_to(ROOT / "tritonstack" / "health.py")
+    env = {"TRITONSTACK_HOME": str(home), "TRITONSTACK_SERVING_NAME": "localhost"}
+    run = run_entrypoint(tmp_path, nvidia_smi=False, env=env)
+    assert run.returncode == 0, run.output
+    assert "--http-address=127.0.0.1" in run.argv and "--grpc-address=127.0.0.1" in run.argv
+    assert "--metrics-address=0.0.0.0" in run.argv
+    env["TRITONSTACK_SERVING_NAME"] = "no-such-alias.invalid"
+    run = run_entrypoint(tmp_path, nvidia_smi=False, env=env)
+    assert run.returncode == 1 and run.argv is None
+    assert "no-such-alias.invalid does not resolve here" in run.output
+    assert "Traceback" not in run.output

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -198,3 +199,20 @@ def test_no_server_is_dead_and_no_model_named_is_a_usage_error(tmp_path):
     )
     assert bare.returncode == 2
     assert bare.stderr.strip() == "error: no model to call: pass --model, or set PUBLIC_MODELS"
+
+
+def test_ready_asks_readiness_only_where_the_serving_name_resolves():
+    """--ready (the LLM's check): readiness, no inference; the address comes from
+    $TRITONSTACK_SERVING_NAME, this container's among the name's; a server that is gone is
+    `not ready` (exit 1), a name that is not this container's one line (exit 2)."""
+    with StandInTriton() as server:
+        port = server.url.rsplit(":", 1)[1]
+        env = {**os.environ, health.SERVING_NAME: "localhost", "TRITON_HTTP_PORT": port}
+        result = healthcheck("--ready", "--model", "llm", env=env)
+        assert result.returncode == 0, result.stderr
+        assert server.requests == 0
+    gone = healthcheck("--ready", "--model", "llm", "--url", server.url)
+    assert gone.returncode == 1 and gone.stderr.startswith("not ready: llm: no answer")
+    stray = healthcheck("--address-of", "no-such-alias.invalid")
+    assert stray.returncode == 2 and len(stray.stderr.splitlines()) == 1, stray.stderr
+    assert health.serving_address("localhost") == "127.0.0.1"

@@ -541,6 +541,113 @@ def test_only_the_gateway_reaches_triton_and_only_prometheus_the_metrics(
         assert admitted(find(objects, "NetworkPolicy", "locust"), "metrics") == [PROMETHEUS_PEER]
 
 
+# What the NetworkPolicies allow, evaluated as the NetworkPolicy API defines it (policies add
+# up; a pod selected by none for a direction is open in it): a pod is (namespace labels, pod
+# labels, named ports), or an address outside the cluster.
+OUTSIDE = ({}, None, {})
+PROMETHEUS_POD = ({"kubernetes.io/metadata.name": "monitoring"},
+                  {"app.kubernetes.io/name": "prometheus"}, {})  # fmt: skip
+KUBE_DNS = ({"kubernetes.io/metadata.name": "kube-system"}, {"k8s-app": "kube-dns"}, {})
+
+
+def selects(selector: dict, labels: dict | None) -> bool:
+    if labels is None:
+        return False
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        value, values = labels.get(expression["key"]), expression.get("values", [])
+        holds = {"In": value in values, "NotIn": value not in values,
+                 "Exists": value is not None, "DoesNotExist": value is None}  # fmt: skip
+        if not holds[expression["operator"]]:
+            return False
+    return True
+
+
+def peer_matches(peer: dict, pod: tuple, namespace: dict) -> bool:
+    pod_namespace, labels, _ = pod
+    if "ipBlock" in peer:
+        return labels is None
+    if "namespaceSelector" in peer:
+        in_namespace = selects(peer["namespaceSelector"], pod_namespace)
+    else:
+        in_namespace = pod_namespace == namespace
+    return in_namespace and selects(peer.get("podSelector", {}), labels)
+
+
+def port_matches(rule: dict, destination: tuple, port: int, protocol: str) -> bool:
+    named = destination[2]
+    return "ports" not in rule or any(
+        p.get("protocol", "TCP") == protocol and named.get(p["port"], p["port"]) == port
+        for p in rule["ports"]
+    )
+
+
+def allows(objects: list[dict], source: tuple, destination: tuple, port: int,
+           protocol: str = "TCP") -> bool:  # fmt: skip
+    namespace = {"kubernetes.io/metadata.name": "tritonstack"}
+    policies = [o["spec"] for o in objects if o["kind"] == "NetworkPolicy"]
+    for pod, direction, peers in ((source, "Egress", "to"), (destination, "Ingress", "from")):
+        if pod[0] != namespace:
+            continue  # another namespace's policies are its own business
+        other = destination if direction == "Egress" else source
+        chosen = [p for p in policies if direction in p["policyTypes"]
+                  and selects(p["podSelector"], pod[1])]  # fmt: skip
+        rules = [r for p in chosen for r in p.get(direction.lower(), [])]
+        if chosen and not any(
+            (peers not in rule or any(peer_matches(q, other, namespace) for q in rule[peers]))
+            and port_matches(rule, destination, port, protocol)
+            for rule in rules
+        ):
+            return False
+    return True
+
+
+def pod_of(objects: list[dict], name: str) -> tuple:
+    template = find(objects, "Deployment", name)["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"]
+             for p in c.get("ports", [])}  # fmt: skip
+    return {"kubernetes.io/metadata.name": "tritonstack"}, template["metadata"]["labels"], ports
+
+
+@pytest.mark.parametrize(("overlay", "components"), [("cpu", ()), ("gpu", (*COMPONENTS, "llm"))])
+def test_network_policies_deny_by_default_and_allow_only_the_stack_s_paths(
+    rendered, overlay, components
+) -> None:
+    """Default deny both ways, then: clients (Locust, an application of the namespace) reach
+    the gateway and DNS only; the gateway reaches Triton's inference ports and DNS; Prometheus
+    (any namespace) the metrics ports only; the model servers open no connection, except the
+    LLM's download from the Hub (HTTPS); the workers reach Locust's master."""
+    objects = rendered[(overlay, components)]
+    gateway, triton = pod_of(objects, "gateway"), pod_of(objects, "triton")
+    app = ({"kubernetes.io/metadata.name": "tritonstack"}, {"app": "yours"}, {})
+    assert allows(objects, app, gateway, 8000) and allows(objects, app, gateway, 8001)
+    assert allows(objects, app, KUBE_DNS, 53, "UDP") and allows(objects, gateway, KUBE_DNS, 53)
+    for port in (8000, 8001, 8002):
+        assert not allows(objects, app, triton, port), port
+        assert allows(objects, gateway, triton, port) == (port != 8002), port
+        assert allows(objects, PROMETHEUS_POD, triton, port) == (port == 8002), port
+    assert allows(objects, PROMETHEUS_POD, gateway, 8404) and not allows(
+        objects, app, gateway, 8404
+    )
+    assert not allows(objects, app, OUTSIDE, 443) and not allows(objects, gateway, OUTSIDE, 443)
+    for port in (8000, 8404):
+        assert not allows(objects, triton, gateway, port), port
+    assert not allows(objects, triton, OUTSIDE, 443) and not allows(objects, triton, KUBE_DNS, 53)
+    if "llm" in components:
+        llm = pod_of(objects, "triton-llm")
+        assert allows(objects, gateway, llm, 8000) and not allows(objects, app, llm, 8000)
+        assert allows(objects, llm, OUTSIDE, 443) and allows(objects, llm, KUBE_DNS, 53, "UDP")
+        assert not allows(objects, llm, gateway, 8000) and not allows(objects, llm, triton, 8000)
+        assert allows(objects, PROMETHEUS_POD, llm, 8002)
+    if "locust" in components:
+        master, worker = pod_of(objects, "locust-master"), pod_of(objects, "locust-worker")
+        assert allows(objects, worker, master, 5557) and allows(objects, master, gateway, 8000)
+        assert not allows(objects, worker, triton, 8000) and not allows(
+            objects, master, OUTSIDE, 443
+        )
+
+
 # --- monitoring and autoscaling -------------------------------------------------------------
 
 
@@ -672,7 +779,9 @@ def test_llm_runs_compose_s_image_command_and_environment(rendered, overlay, com
     assert llm["image"] == service["image"]
     assert llm["args"] == service["command"] and "command" not in llm
     variables = {e["name"]: e for e in llm["env"]}
-    elsewhere = {"TRITONSTACK_ADMIN_KEY_FILE", "HF_TOKEN"}
+    # TRITONSTACK_SERVING_NAME: compose's alias on the serving network, which Kubernetes lacks;
+    # its NetworkPolicies filter by port instead, and the pod serves on every address.
+    elsewhere = {"TRITONSTACK_ADMIN_KEY_FILE", "HF_TOKEN", "TRITONSTACK_SERVING_NAME"}
     for name, value in service["environment"].items():
         if name not in elsewhere:
             assert variables[name].get("value") == value, name
