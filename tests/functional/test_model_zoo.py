@@ -24,10 +24,9 @@ import tritonclient.http as httpclient
 
 from tests import model_zoo
 from tests.functional.test_own_models import tritonstack
-from tests.functional.test_serve import wait_for_line
+from tests.functional.test_serve import serve_project
 from tests.support import copy_project
 from tritonstack.client import fetch_signature
-from tritonstack.ports import free_ports
 from tritonstack.settings import load, with_public_model
 
 pytestmark = pytest.mark.timeout(900)
@@ -91,21 +90,8 @@ def test_check_names_the_model_triton_would_not_load(project):
 @pytest.fixture(scope="module")
 def served(project):
     """`tritonstack serve` on the project: the gateway in front, the broken model reported."""
-    ports = free_ports(6)
-    command = [sys.executable, "-m", "tritonstack.cli", "--project-dir", str(project), "serve",
-               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-               "--metrics-port", str(ports[2]), "--triton-http-port", str(ports[3]),
-               "--triton-grpc-port", str(ports[4]),
-               "--gateway-metrics-port", str(ports[5])]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = wait_for_line(process, "Ctrl-C stops the server", timeout=300)
-        yield {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}",
-               "triton": f"127.0.0.1:{ports[3]}", "metrics": f"127.0.0.1:{ports[2]}",
-               "process": process, "lines": lines}  # fmt: skip
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    with serve_project(project, timeout=300) as served:
+        yield served
 
 
 def test_serve_reports_the_model_that_did_not_load_and_serves_the_rest(served, zoo):

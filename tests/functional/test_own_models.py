@@ -29,9 +29,8 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 
 from tests import own_models
-from tests.functional.test_serve import wait_for_line
+from tests.functional.test_serve import serve_project
 from tests.support import copy_project
-from tritonstack.ports import free_ports
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -187,22 +186,9 @@ def test_every_refusal_is_one_line_and_leaves_the_project_unchanged(
 @pytest.fixture(scope="module")
 def served(project):
     """`tritonstack serve` on the project: the gateway in front, every model of it served."""
-    ports = free_ports(6)
-    command = [sys.executable, "-m", "tritonstack.cli", "--project-dir", str(project), "serve",
-               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-               "--metrics-port", str(ports[2]), "--triton-http-port", str(ports[3]),
-               "--triton-grpc-port", str(ports[4]),
-               "--gateway-metrics-port", str(ports[5])]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = wait_for_line(process, "Ctrl-C stops the server", timeout=180)
-        assert any("ranker" in line and line.startswith("ready:") for line in lines), lines
-        yield {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}",
-               "triton": f"127.0.0.1:{ports[3]}", "metrics": f"127.0.0.1:{ports[2]}",
-               "process": process}  # fmt: skip
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    with serve_project(project) as served:
+        assert any("ranker" in line and line.startswith("ready:") for line in served["lines"])
+        yield served
 
 
 def ranker_inputs(rows: int, seed: int = 3) -> dict[str, np.ndarray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.client
 import json
 import re
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +51,28 @@ def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120) ->
         if text in line:
             return lines
     raise AssertionError(f"{text!r} not printed; got {lines}")
+
+
+@contextlib.contextmanager
+def serve_project(project: Path, timeout: float = 180) -> Iterator[dict]:
+    """`tritonstack serve` on the project at `project` (the gateway in front) on free ports,
+    until the block ends: its addresses (host:port), the process and what it printed."""
+    ports = free_ports(6)
+    command = [sys.executable, "-m", "tritonstack.cli", "--project-dir", str(project), "serve",
+               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+               "--metrics-port", str(ports[2]), "--triton-http-port", str(ports[3]),
+               "--triton-grpc-port", str(ports[4]),
+               "--gateway-metrics-port", str(ports[5])]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = wait_for_line(process, "Ctrl-C stops the server", timeout=timeout)
+        yield {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}",
+               "triton": f"127.0.0.1:{ports[3]}", "metrics": f"127.0.0.1:{ports[2]}",
+               "gateway_metrics": f"127.0.0.1:{ports[5]}", "process": process,
+               "lines": lines}  # fmt: skip
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
 
 
 def shm_prefix(children: list[psutil.Process]) -> str:
