@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -199,3 +200,21 @@ def test_loadtest_cli_names_the_missing_key_in_one_line(published, capsys):
     err = capsys.readouterr().err
     assert code != 0 and "wants an API key: pass --api-key-file FILE" in err
     assert "Traceback" not in err
+
+
+def test_no_key_is_on_a_command_line_but_where_triton_takes_it_only_as_a_flag(
+    published, triton, secrets
+):
+    """Every process's argv on this machine while the gateway and Triton run: no API key of the
+    gateway's anywhere (HAProxy reads them from files); the admin key only in tritonserver's own,
+    which takes it as a flag and in no other way (docs/security.md, "Exceptions")."""
+    api_keys = [key_file(secrets, client).read_text() for client in ("client", "deep-probe",
+                                                                     "locust")]  # fmt: skip
+    holders = {}
+    for process in psutil.process_iter(["name", "cmdline"]):
+        line = " ".join(process.info["cmdline"] or ())
+        for key in (*api_keys, triton.admin_key):
+            if key in line:
+                holders.setdefault(key, set()).add(process.info["name"])
+    assert not any(key in holders for key in api_keys), holders
+    assert holders.get(triton.admin_key) == {"tritonserver"}
