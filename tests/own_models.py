@@ -3,6 +3,8 @@
 - `two_inputs`: a ranker over an FP32 `query` [batch, 24] and an INT64 `bucket` [batch, 2]
   (small indices), returning `probs` FP32 [batch, 3] (a softmax; labels: LABELS) and `logits`.
 - `one_input`: an FP32 `x` [batch, 5] returning `y` FP32 [batch, 1], no labels.
+- `large_input`: an FP32 `pixels` [batch, 262144] (1 MiB a row, an image model's size)
+  returning their `mean` [batch, 1]: a request larger than the gateway's buffer.
 
 Built with onnx.helper from fixed weights, so the reference answer is numpy's.
 """
@@ -85,3 +87,18 @@ def one_input(path: Path) -> Path:
 def labels_file(path: Path) -> Path:
     path.write_text("\n".join(LABELS) + "\n")
     return path
+
+
+#: large_input's row: 1 MiB of FP32, four times the gateway's buffer.
+LARGE_WIDTH = 262144
+
+
+def large_input(path: Path) -> Path:
+    """mean = ReduceMean(pixels, axis 1)."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["pixels"], ["mean"], axes=[1], keepdims=1)],
+        "large",
+        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", LARGE_WIDTH])],
+        [helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["batch", 1])],
+    )
+    return _save(graph, path)

@@ -7,8 +7,9 @@ public model), so the gateway routes and bounds any model the repository serves 
 one; what a model's tensors are called, their shapes and datatypes stay Triton's to check (it
 answers a wrong one with a 400 of its own).
 
-Stack-wide: the request buffer (it must hold the largest body any model or the LLM takes, for the
-body checks to see it whole) and the LLM's limits, from stack.env.
+Stack-wide: the request buffer, one size whatever the models (a body that fits it is checked
+whole; a larger binary one on its JSON header, then streamed), the connections the memory budget
+allows at that size, and the LLM's limits, from stack.env.
 """
 
 from __future__ import annotations
@@ -32,10 +33,23 @@ ENVELOPE_BYTES = 4096
 ENVELOPE_BYTES_PER_INPUT = 256
 #: Room for a binary request's JSON header (tritonclient's is about 200 bytes per tensor).
 BINARY_HEADER_BYTES = 8192
-#: HAProxy's default request buffer; raised only when a body cap needs more.
-MIN_BUFSIZE = 262144
+#: The gateway's buffer (HAProxy's tune.bufsize), whatever the models: each request in flight
+#: holds one for its request and one for its answer, so a size that followed the largest model's
+#: body (3 MB requests made it 3.4 MB) would multiply every connection's cost.
+BUFSIZE = 262144
 #: Headers beside a whole body in one buffer.
 HEADER_ROOM = 16384
+#: The largest body checked whole; a larger one (binary tensors only) is checked on its JSON
+#: header and streamed to Triton. The committed models' full batches as JSON fit.
+BUFFERED_BODY = BUFSIZE - HEADER_ROOM
+#: gRPC streams one HTTP/2 connection may have open at once (HAProxy's default: 100). Each holds
+#: two buffers, like an HTTP/1 request; a client past it waits for a stream on its side.
+H2_STREAMS = 8
+#: What a busy connection costs the gateway besides its buffers (connection, session, stream,
+#: multiplexer): measured with HAProxy 2.6, tests/functional/test_gateway_memory.py.
+CONNECTION_OVERHEAD = 32768
+#: Connections of the metrics and health listener (Prometheus, probes): no body, small answers.
+METRICS_CONNECTIONS = 64
 #: The largest body this stack lets through for one model: Triton's own --http-max-input-size
 #: default (64 MB). A model whose full batch needs more is refused with the fix (a smaller
 #: max_batch_size): a buffer that size is allocated per request in flight.
@@ -92,6 +106,12 @@ class ModelLimits:
         return min(self.max_values * JSON_BYTES_PER_VALUE + self.json_extra + envelope, MAX_BODY)
 
     @property
+    def gateway_json_body(self) -> int:
+        """The largest JSON body the gateway takes: one its buffer holds whole (its checks read
+        every value of a JSON body); a larger batch travels as binary tensors."""
+        return min(self.json_body, BUFFERED_BODY)
+
+    @property
     def binary_body(self) -> int:
         return self.max_bytes + BINARY_HEADER_BYTES
 
@@ -106,7 +126,8 @@ class ModelLimits:
         )
         kinds = "s" if self.strings else ""
         return (
-            f"{self.model} {self.max_values}:{self.json_body}:{self.binary_body}:{shapes}:{kinds}"
+            f"{self.model} {self.max_values}:{self.gateway_json_body}:{self.binary_body}:"
+            f"{shapes}:{kinds}"
         )
 
 
@@ -205,9 +226,37 @@ class Limits:
 
     @property
     def bufsize(self) -> int:
-        # A whole body plus headers must fit one buffer for the body checks to see it.
-        largest = max(self.max_body, self.max_binary_body, self.llm_max_body)
-        return max(MIN_BUFSIZE, largest + HEADER_ROOM)
+        """BUFSIZE; a generate request is checked whole, so a longer prompt limit raises it."""
+        return max(BUFSIZE, self.llm_max_body + HEADER_ROOM)
+
+    @property
+    def http_connections(self) -> int:
+        """HTTP/1 connections the gateway accepts: half the memory budget, each connection
+        busy with two buffers."""
+        return self._connections(2 * self.bufsize + CONNECTION_OVERHEAD)
+
+    @property
+    def grpc_connections(self) -> int:
+        """gRPC (HTTP/2) connections: the other half, each with H2_STREAMS streams of two
+        buffers and the multiplexer's own two."""
+        return self._connections((2 * H2_STREAMS + 2) * self.bufsize + CONNECTION_OVERHEAD)
+
+    def _connections(self, worst_each: int) -> int:
+        half = self.settings.GATEWAY_MEMORY_MB * 2**20 // 2
+        found = half // worst_each
+        if found < 1:
+            raise UserError(
+                f"stack.env: GATEWAY_MEMORY_MB={self.settings.GATEWAY_MEMORY_MB} leaves no "
+                f"connection at {worst_each:,} bytes each at worst: raise it"
+            )
+        return found
+
+    @property
+    def worst_case_bytes(self) -> int:
+        """The buffers and connections of every connection the gateway accepts, all busy."""
+        http = self.http_connections * (2 * self.bufsize + CONNECTION_OVERHEAD)
+        grpc = self.grpc_connections * ((2 * H2_STREAMS + 2) * self.bufsize + CONNECTION_OVERHEAD)
+        return http + grpc
 
     def models_map(self) -> str:
         """gateway/models.map's lines: one per public model."""
@@ -219,6 +268,13 @@ class Limits:
         return {
             "GATEWAY_MAX_BODY": str(self.max_body),
             "GATEWAY_BUFSIZE": str(self.bufsize),
+            "GATEWAY_BUFFERED_BODY": str(self.bufsize - HEADER_ROOM),
+            "GATEWAY_HTTP_CONNECTIONS": str(self.http_connections),
+            "GATEWAY_GRPC_CONNECTIONS": str(self.grpc_connections),
+            "GATEWAY_H2_STREAMS": str(H2_STREAMS),
+            "GATEWAY_MAX_CONNECTIONS": str(
+                self.http_connections + self.grpc_connections + METRICS_CONNECTIONS
+            ),
             "GATEWAY_LLM_MODEL": self.llm_model,
             "GATEWAY_LLM_GRPC_NAME": grpc_name_prefix(self.llm_model),
             "GATEWAY_LLM_MAX_BODY": str(self.llm_max_body),

@@ -38,6 +38,8 @@ class Settings:
     GATEWAY_LLM_QUEUE_TIMEOUT: str
     GATEWAY_LLM_MAX_PROMPT: int
     GATEWAY_LLM_MAX_TOKENS: int
+    GATEWAY_MEMORY_MB: int
+    GATEWAY_LARGE_BODIES: int
 
     @property
     def public_models(self) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ orchestrator's SIGKILL.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 
 from tests.support import ROOT
 from tritonstack import gateway, limits, settings
+from tritonstack.errors import UserError
 
 CONFIG = (ROOT / "gateway" / "haproxy.cfg").read_text()
 
@@ -68,7 +70,56 @@ def test_stop_bounds_nest_natively_in_compose_and_in_kubernetes() -> None:
 def test_an_llm_body_fits_the_buffer_it_is_read_in() -> None:
     lim = limits.limits()
     assert lim.llm_max_body == lim.settings.GATEWAY_LLM_MAX_PROMPT + limits.LLM_PARAMETER_BYTES
+    # The committed models' full batches, as JSON and as binary tensors, are checked whole.
     assert lim.bufsize > max(lim.llm_max_body, lim.max_body, lim.max_binary_body)
+
+
+def test_a_model_with_large_inputs_changes_neither_the_buffer_nor_the_connections() -> None:
+    """3 MB requests no longer raise every connection's buffer: the buffer and the connections
+    the budget allows stay the committed models' own; the large model takes JSON up to what the
+    buffer holds (binary tensors beyond, streamed) and binary tensors up to its full batch."""
+    committed = limits.limits()
+    large = limits.ModelLimits("images", max_values=4 * 3 * 224 * 224, max_bytes=4 * 602112,
+                               inputs=1)  # fmt: skip
+    grown = limits.Limits((*committed.models, large), committed.settings)
+    assert grown.bufsize == committed.bufsize == limits.BUFSIZE
+    assert grown.http_connections == committed.http_connections
+    assert grown.grpc_connections == committed.grpc_connections
+    _, json_body, binary_body = large.map_line().split()[1].split(":")[:3]
+    assert int(json_body) == limits.BUFFERED_BODY < large.json_body
+    assert int(binary_body) == large.binary_body > limits.BUFFERED_BODY
+
+
+@pytest.mark.parametrize("budget_mb", [64, 1024, 4096])
+def test_every_connection_busy_at_once_fits_the_memory_budget(budget_mb: int) -> None:
+    """What the budget allows: all the connections the listeners accept, each at its worst
+    (HTTP/1: two buffers; HTTP/2: two per stream and the multiplexer's), within the budget, and
+    not far under it (the figure the docs state is this one)."""
+    committed = limits.limits()
+    budget = budget_mb * 2**20
+    chosen = limits.Limits(
+        committed.models, dataclasses.replace(committed.settings, GATEWAY_MEMORY_MB=budget_mb)
+    )
+    assert chosen.worst_case_bytes <= budget
+    http_each = 2 * chosen.bufsize + limits.CONNECTION_OVERHEAD
+    grpc_each = (2 * limits.H2_STREAMS + 2) * chosen.bufsize + limits.CONNECTION_OVERHEAD
+    assert budget - chosen.worst_case_bytes < http_each + grpc_each
+    environment = chosen.environment()
+    assert int(environment["GATEWAY_MAX_CONNECTIONS"]) == (
+        chosen.http_connections + chosen.grpc_connections + limits.METRICS_CONNECTIONS
+    )
+    for name in ("GATEWAY_HTTP_CONNECTIONS", "GATEWAY_GRPC_CONNECTIONS", "GATEWAY_H2_STREAMS",
+                 "GATEWAY_MAX_CONNECTIONS", "GATEWAY_BUFFERED_BODY"):  # fmt: skip
+        assert f'"${{{name}}}"' in CONFIG, name
+
+
+def test_a_budget_too_small_for_one_connection_is_refused_with_the_fix() -> None:
+    committed = limits.limits()
+    tiny = limits.Limits(
+        committed.models, dataclasses.replace(committed.settings, GATEWAY_MEMORY_MB=1)
+    )
+    with pytest.raises(UserError, match="GATEWAY_MEMORY_MB=1 leaves no connection"):
+        tiny.environment()
 
 
 def test_grpc_name_prefix_is_protobuf_field_one() -> None:
@@ -90,3 +141,14 @@ def test_the_docs_state_the_stop_bound_the_gateway_has() -> None:
     ]
     assert stated, "no doc states hard-stop-after"
     assert all(number == gateway.SOFT_STOP_SECONDS for _, number in stated), stated
+
+
+def test_the_docs_state_the_committed_connections_and_worst_case() -> None:
+    lim = limits.limits()
+    text = " ".join((ROOT / "docs" / "operations.md").read_text().split())
+    stated = (
+        f"that is {lim.http_connections} HTTP and {lim.grpc_connections} gRPC connections"
+        f" (`gateway/limits.env`, generated), {lim.worst_case_bytes / 2**20:,.0f} MiB at worst"
+    )
+    assert stated in text
+    assert f"`GATEWAY_MEMORY_MB` in `stack.env` ({lim.settings.GATEWAY_MEMORY_MB})" in text

@@ -440,7 +440,7 @@ def test_gateway_discovers_triton_pods_through_the_headless_service(rendered) ->
     variables = gateway_environment(objects)
     # Every variable set here is one haproxy.cfg reads (a typo would silently use a default),
     # but the public models' list, which Locust reads from the same ConfigMap.
-    assert set(variables) - {"POD_NAMESPACE", "PUBLIC_MODELS"} <= haproxy_variables()
+    assert set(variables) - NOT_HAPROXY_S <= haproxy_variables()
     assert variables["TRITON_DNS_NAME"] == "triton.$(POD_NAMESPACE).svc.cluster.local"
     assert find(objects, "Service", "triton")["spec"]["clusterIP"] == "None"
     ports = {p["name"]: p["containerPort"] for p in container(objects, "triton")["ports"]}
@@ -761,6 +761,12 @@ def test_locust_offers_the_public_models_and_mounts_no_model_file(rendered) -> N
 # --- the LLM component ----------------------------------------------------------------------
 
 
+#: Variables the gateway's pod gets that haproxy.cfg does not read: the pod's namespace, and
+#: stack.env's values that only the derivation of gateway.env reads (the public models become
+#: models.map, the memory budget the connection limits).
+NOT_HAPROXY_S = {"POD_NAMESPACE", "PUBLIC_MODELS", "GATEWAY_MEMORY_MB"}
+
+
 def llm_service() -> dict:
     return compose()["services"]["triton-llm"]
 
@@ -893,6 +899,6 @@ def test_gateway_finds_the_llm_through_its_headless_service(rendered, overlay, c
     assert ports["metrics"] == contract.METRICS_PORT
     assert {p["port"] for p in service["spec"]["ports"]} == set(ports.values())
     # Every variable set is one haproxy.cfg reads (a typo would silently use a default).
-    assert set(variables) - {"POD_NAMESPACE", "PUBLIC_MODELS"} <= haproxy_variables()
+    assert set(variables) - NOT_HAPROXY_S <= haproxy_variables()
     # Without the component the gateway has no LLM to look up (its llm routes answer 503).
     assert "LLM_DNS_NAME" not in gateway_environment(rendered[(overlay, ())])
