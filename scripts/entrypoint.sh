@@ -325,6 +325,17 @@ link_with_plan() {
 
 [[ -d $REPOSITORY ]] || die "model repository $REPOSITORY not found"
 [[ -f $FLAGS_FILE ]] || die "shared tritonserver flags $FLAGS_FILE not found"
+# A stale image: compose gives the checkout's PUBLIC_MODELS (env_file: stack.env), and the
+# gateway routes them from the checkout's gateway/models.map, but the repository is the one
+# baked in at build time. A model added since (`tritonstack add-model`) would be routed to a
+# server that lacks it: stop, saying how to rebuild, rather than serve a stack that disagrees.
+missing=()
+for name in ${PUBLIC_MODELS:-}; do
+  [[ -f $REPOSITORY/$name/config.pbtxt ]] || missing+=("$name")
+done
+((${#missing[@]} == 0)) || die "this image's model repository has no ${missing[*]}, which" \
+  "stack.env makes public: the image was built before the model was added; rebuild it:" \
+  "docker compose up -d --build"
 
 case $DEVICE in
   auto) if detect_gpu; then DEVICE=gpu; else DEVICE=cpu; fi ;;

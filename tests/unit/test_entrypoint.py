@@ -559,3 +559,14 @@ def test_inference_binds_only_the_serving_network_s_address(tmp_path: Path) -> N
     assert run.returncode == 1 and run.argv is None
     assert "no-such-alias.invalid does not resolve here" in run.output
     assert "Traceback" not in run.output
+
+
+def test_a_public_model_the_image_lacks_stops_the_start_saying_to_rebuild(tmp_path: Path) -> None:
+    """compose's PUBLIC_MODELS is the checkout's stack.env: a model added after the image was
+    built is named, with the command that rebuilds it, and nothing is served."""
+    run = run_entrypoint(tmp_path, nvidia_smi=False, env={"PUBLIC_MODELS": "pipeline ranker"})
+    assert run.returncode == 1 and run.argv is None
+    assert "this image's model repository has no ranker, which stack.env makes public" in run.output
+    assert "docker compose up -d --build" in run.output
+    served = run_entrypoint(tmp_path, nvidia_smi=False, env={"PUBLIC_MODELS": "pipeline classify"})
+    assert served.returncode == 0, served.output
