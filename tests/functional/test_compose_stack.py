@@ -503,6 +503,27 @@ def test_generated_secrets_are_readable_by_exactly_their_readers(stack):
                 assert read.stdout == shown[Path(path).name]
 
 
+def test_no_secret_is_in_a_container_s_command_or_environment(stack):
+    """What `docker inspect` shows of every container (its command, entrypoint, arguments and
+    environment) holds none of the generated secrets: each service reads its own from a file.
+    The processes inside are another matter: tritonserver takes the admin key only as a flag
+    (docs/security.md, "Exceptions"), so only its argv holds it."""
+    shown = stack.secrets()
+    for service in SERVICES:
+        for container in stack.containers(service):
+            config = container["Config"]
+            visible = json.dumps([config.get("Env"), config.get("Cmd"), config.get("Entrypoint"),
+                                  container.get("Path"), container.get("Args")])  # fmt: skip
+            for name, value in shown.items():
+                assert value not in visible, (service, name)
+    # docker top runs the host's ps on the container's processes (it needs the pid column;
+    # -ww: full command lines, not 80 columns).
+    top = stack.docker("top", stack.containers("triton")[0]["Id"], "-ww", "-o", "pid,comm,args")
+    lines = top.stdout.splitlines()[1:]
+    holders = {line.split()[1] for line in lines if shown["admin-key"] in line}
+    assert holders == {"tritonserver"}, holders
+
+
 # --- Locust --------------------------------------------------------------------------------------
 
 
