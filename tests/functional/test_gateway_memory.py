@@ -162,7 +162,9 @@ def test_slow_large_bodies_hold_a_bounded_share_and_small_models_keep_serving(se
     slow = [open_request(served["http"], "/v2/models/large/infer", headers,
                          header + data[:300_000]) for _ in range(3 * cap)]  # fmt: skip
     try:
-        answers = [answer_of(sock, 3) for sock in slow]
+        # Refusals come at once; a streamed body hears nothing, which only a wait can show.
+        time.sleep(3)
+        answers = [answer_of(sock, 0.05) for sock in slow]
         refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
         waiting = [a for a in answers if not a]
         assert len(refused) == 2 * cap and len(waiting) == cap, answers
