@@ -10,6 +10,10 @@
 --                 its shape declares, "<name>: ...": Triton 2.51 answers that with a 500 ("Unable
 --                 to parse 'data'"), the gateway with a 400 naming the input.
 --
+--   txn.sequence  "<model> <sequence ID>" of a request that names its sequence (a model keeping
+--                 state in the server: tritonstack add-model --server-state): the backend sticks
+--                 the sequence to one replica, where Triton keeps its state.
+--
 --   txn.beyond    for an input whose model bounds its variable dims (the 4th field of the
 --                 model's models.map entry: `<name in hex>=<AxB...>` per input, `;`-separated),
 --                 "<name>: ..." when its shape exceeds them in some dim: the gateway answers 400
@@ -195,6 +199,10 @@ core.register_action("check_tensors", { "http-req" }, function(txn)
     end
     body = body:sub(1, length)
   end
+  local sequence = body:match('"sequence_id"%s*:%s*"?([^",}%s]+)')
+  if sequence ~= nil then
+    txn:set_var("txn.sequence", (txn:get_var("txn.model") or "") .. " " .. sequence:sub(1, 64))
+  end
   if kinds == "s" then
     body = blank_strings(body)
   end
@@ -224,5 +232,83 @@ core.register_action("check_tensors", { "http-req" }, function(txn)
     if wrong ~= nil then
       txn:set_var("txn.mismatch", wrong)
     end
+  end
+end)
+
+-- http-request lua.grpc_sequence: the same txn.sequence for a gRPC ModelInfer, read from the
+-- start of its protobuf (after gRPC's 5-byte prefix): model_name (field 1) and the "sequence_id"
+-- entry of parameters (field 4: map<string, InferParameter>), which come before the tensors
+-- (fields 5 on) in the order protobuf writes fields. Only what has arrived is read.
+local function varint(data, at)
+  local value, shift = 0, 0
+  while at <= #data and shift < 64 do
+    local byte = data:byte(at)
+    value = value | ((byte & 0x7F) << shift)
+    at = at + 1
+    if byte < 0x80 then
+      return value, at
+    end
+    shift = shift + 7
+  end
+  return nil, at
+end
+
+-- The fields of one message, each as (field number, wire type, value: a number or the bytes of a
+-- length-delimited field); stops at the first field numbered `last` or beyond, or what is cut.
+local function fields(data, at, last)
+  local found = {}
+  while at <= #data do
+    local tag
+    tag, at = varint(data, at)
+    if tag == nil or (tag >> 3) >= last then
+      break
+    end
+    local field, wire, value = tag >> 3, tag & 7, nil
+    if wire == 0 then
+      value, at = varint(data, at)
+    elseif wire == 2 then
+      local length
+      length, at = varint(data, at)
+      if length == nil or at + length - 1 > #data then
+        break
+      end
+      value, at = data:sub(at, at + length - 1), at + length
+    elseif wire == 1 or wire == 5 then
+      at = at + (wire == 1 and 8 or 4)
+    else
+      break
+    end
+    if value == nil then
+      break
+    end
+    found[#found + 1] = { field, wire, value }
+  end
+  return found
+end
+
+core.register_action("grpc_sequence", { "http-req" }, function(txn)
+  local body = txn.f:req_body() or ""
+  local model, sequence = nil, nil
+  for _, entry in ipairs(fields(body, 6, 5)) do
+    if entry[1] == 1 and entry[2] == 2 then
+      model = entry[3]
+    elseif entry[1] == 4 and entry[2] == 2 then
+      local key, parameter = nil, nil
+      for _, part in ipairs(fields(entry[3], 1, 3)) do
+        if part[1] == 1 then key = part[3] elseif part[1] == 2 then parameter = part[3] end
+      end
+      if key == "sequence_id" and type(parameter) == "string" then
+        for _, value in ipairs(fields(parameter, 1, 6)) do
+          if value[1] == 2 or value[1] == 5 then -- int64_param, uint64_param
+            sequence = string.format("%d", value[3])
+          elseif value[1] == 3 then -- string_param
+            sequence = value[3]:sub(1, 64)
+          end
+        end
+      end
+    end
+  end
+  if model ~= nil and sequence ~= nil then
+    txn:set_var("txn.sequence", model:sub(1, 128) .. " " .. sequence)
   end
 end)

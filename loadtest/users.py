@@ -38,6 +38,7 @@ import tritonclient.http as httpclient
 from locust import FastHttpUser, User, constant, task
 
 from tritonstack import signature, streaming
+from tritonstack.client import new_sequence_id
 from tritonstack.errors import UserError
 
 # gRPC's C core blocks the whole process unless it cooperates with gevent; this must run before
@@ -49,6 +50,8 @@ grpc_gevent.init_gevent()
 ROWS_MIX = ((1, 0.6), (4, 0.25), (16, 0.1), (64, 0.05))
 #: Distinct payloads prepared per rows value, sent in turn (building one costs client CPU).
 PAYLOADS_PER_ROWS = 8
+#: Requests per sequence a user sends to a model keeping state in the server, then a new one.
+SEQUENCE_REQUESTS = 16
 TIMEOUT_S = 10.0
 #: Pause after a failed metadata request, before the user asks again.
 RETRY_S = 1.0
@@ -207,6 +210,7 @@ class TritonUser(User):
 
         self.first_arrays = arrays
         self.carried = None
+        self.sequence_id, self.sequence_step = 0, 0
         return {
             rows: [self.payload(arrays(rows)) for _ in range(PAYLOADS_PER_ROWS)]
             for rows in self.rows_choices
@@ -217,24 +221,39 @@ class TritonUser(User):
         return {"user_type": self.user_type, "model": self.model}
 
     def next_payload(self):
+        """(rows, the request's payload, its sequence: (ID, start, end) or None)."""
         rows = self.random.choices(self.rows_choices, self.rows_weights)[0]
+        if self.signature.sequence:
+            # The server keeps the state: each request carries its place in the user's
+            # sequence, SEQUENCE_REQUESTS long, so its payload is built anew.
+            if self.sequence_step == 0:
+                self.sequence_id = new_sequence_id()
+            step = self.sequence_step
+            sequence = (self.sequence_id, step == 0, step == SEQUENCE_REQUESTS - 1)
+            return rows, self.payload(self.first_arrays(rows), sequence), sequence
         if self.signature.state:
             # The client carries the model's state: each request sends back what the last
             # answer returned, so its payload is built anew (tritonstack.signature.next_state).
             if self.carried is None:
                 self.carried = self.first_arrays(rows)
-            return rows, self.payload(self.carried)
-        return rows, self.random.choice(self.payloads[rows])
+            return rows, self.payload(self.carried), None
+        return rows, self.random.choice(self.payloads[rows]), None
 
     def carry(self, outputs: dict[str, np.ndarray]) -> None:
-        """After a good answer: the next request's state is this answer's."""
+        """After a good answer: the next request's state is this answer's, or the next step of
+        the sequence."""
         if self.signature.state:
             self.carried = self.signature.next_state(self.carried, outputs)
+        self.sequence_step = (self.sequence_step + 1) % SEQUENCE_REQUESTS
+
+    def failed(self) -> None:
+        """After a failed request: a sequence the server may not have started starts again."""
+        self.sequence_step = 0
 
     def request_name(self, rows: int) -> str:
         return f"{self.model} rows={rows}"
 
-    def payload(self, arrays: dict[str, np.ndarray]):
+    def payload(self, arrays: dict[str, np.ndarray], sequence=None):
         raise NotImplementedError
 
 
@@ -250,7 +269,7 @@ class TritonHttpUser(TritonUser, FastHttpUser):
         TypeError,
     )
 
-    def payload(self, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    def payload(self, arrays: dict[str, np.ndarray], sequence=None) -> tuple[bytes, dict[str, str]]:
         """The request body and its headers, built once per pre-generated payload."""
         raise NotImplementedError
 
@@ -262,7 +281,7 @@ class TritonHttpUser(TritonUser, FastHttpUser):
     def infer(self) -> None:
         if not self.prepare():
             return
-        rows, (body, headers) = self.next_payload()
+        rows, (body, headers), _ = self.next_payload()
         with self.client.post(
             f"/v2/models/{self.model}/infer",
             data=body,
@@ -272,12 +291,14 @@ class TritonHttpUser(TritonUser, FastHttpUser):
         ) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                self.failed()
                 return
             try:
                 outputs = self.outputs(response)
                 self.signature.check_answer(outputs, rows)
             except self.answer_errors as exc:
                 response.failure(f"bad answer: {exc}")
+                self.failed()
             else:
                 self.carry(outputs)
                 response.success()
@@ -291,7 +312,9 @@ def _json_values(array: np.ndarray) -> list:
     return values
 
 
-def binary_payload(sig: signature.Signature, arrays: dict) -> tuple[bytes, dict[str, str]]:
+def binary_payload(
+    sig: signature.Signature, arrays: dict, sequence=None
+) -> tuple[bytes, dict[str, str]]:
     """The request as tritonclient.http writes binary tensors (a JSON header, raw tensors)."""
     tensors = []
     for tensor in sig.inputs:
@@ -302,12 +325,20 @@ def binary_payload(sig: signature.Signature, arrays: dict) -> tuple[bytes, dict[
         httpclient.InferRequestedOutput(tensor.name, binary_data=True) for tensor in sig.outputs
     ]
     body, json_size = httpclient.InferenceServerClient.generate_request_body(
-        tensors, outputs=outputs
+        tensors, outputs=outputs, **sequence_arguments(sequence)
     )
     headers = {"Content-Type": "application/octet-stream"}
     if json_size is not None:
         headers["Inference-Header-Content-Length"] = str(json_size)
     return body, headers
+
+
+def sequence_arguments(sequence) -> dict:
+    """tritonclient's keyword arguments for a request's place in a sequence."""
+    if sequence is None:
+        return {}
+    sequence_id, start, end = sequence
+    return {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
 
 
 def binary_outputs(sig: signature.Signature, response) -> dict[str, np.ndarray]:
@@ -325,9 +356,9 @@ class HttpJsonUser(TritonHttpUser):
     abstract = False
     user_type = "http_json"
 
-    def payload(self, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    def payload(self, arrays: dict[str, np.ndarray], sequence=None) -> tuple[bytes, dict[str, str]]:
         if self.signature.binary_only:
-            return binary_payload(self.signature, arrays)
+            return binary_payload(self.signature, arrays, sequence)
         tensors = [
             {
                 "name": tensor.name,
@@ -339,6 +370,9 @@ class HttpJsonUser(TritonHttpUser):
         ]
         outputs = [{"name": tensor.name} for tensor in self.signature.outputs]
         body = {"inputs": tensors, "outputs": outputs}
+        if sequence is not None:
+            body["parameters"] = dict(zip(("sequence_id", "sequence_start", "sequence_end"),
+                                          sequence, strict=True))  # fmt: skip
         return json.dumps(body).encode(), {"Content-Type": "application/json"}
 
     def outputs(self, response) -> dict[str, np.ndarray]:
@@ -364,8 +398,8 @@ class HttpBinaryUser(TritonHttpUser):
     user_type = "http_binary"
     answer_errors = (Exception,)  # a malformed body raises from deep in tritonclient
 
-    def payload(self, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-        return binary_payload(self.signature, arrays)
+    def payload(self, arrays: dict[str, np.ndarray], sequence=None) -> tuple[bytes, dict[str, str]]:
+        return binary_payload(self.signature, arrays, sequence)
 
     def outputs(self, response) -> dict[str, np.ndarray]:
         return binary_outputs(self.signature, response)
@@ -404,7 +438,7 @@ class GrpcUser(TritonUser):
         if client is not None:
             client.close()
 
-    def payload(self, arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
+    def payload(self, arrays: dict[str, np.ndarray], sequence=None) -> list[grpcclient.InferInput]:
         tensors = []
         for tensor in self.signature.inputs:
             array = arrays[tensor.name]
@@ -416,7 +450,7 @@ class GrpcUser(TritonUser):
     def infer(self) -> None:
         if not self.prepare():
             return
-        rows, tensors = self.next_payload()
+        rows, tensors, sequence = self.next_payload()
         names = [tensor.name for tensor in self.signature.outputs]
         outputs = [grpcclient.InferRequestedOutput(name) for name in names]
         exception = None
@@ -424,7 +458,12 @@ class GrpcUser(TritonUser):
         start = time.perf_counter()
         try:
             result = self.grpc.infer(
-                self.model, tensors, outputs=outputs, headers=self.auth, client_timeout=TIMEOUT_S
+                self.model,
+                tensors,
+                outputs=outputs,
+                headers=self.auth,
+                client_timeout=TIMEOUT_S,
+                **sequence_arguments(sequence),
             )
         except Exception as exc:  # InferenceServerException: status, deadline, connection
             result, exception = None, exc
@@ -437,6 +476,8 @@ class GrpcUser(TritonUser):
                 self.carry(answer)
             except Exception as exc:  # AnswerError or an undecodable tensor
                 exception = signature.AnswerError(f"bad answer: {exc}")
+        if exception is not None:
+            self.failed()
         self.environment.events.request.fire(
             request_type="gRPC",
             name=self.request_name(rows),

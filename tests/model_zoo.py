@@ -16,6 +16,8 @@ XGBoost and LightGBM for the converters' classifiers), so no download is needed:
 - `text`: STRING in and out;
 - `stateful`: a recurrent step whose state [2, 1, 8] carries the batch on axis 1 (silero VAD's
   layout): served unbatched, the client sending stateN back as state;
+- `recurrent` (not in BUILDERS; tests/functional/test_server_state.py adds it with
+  `--server-state`): a batched recurrent step, state [batch, 8], kept by the sequence batcher;
 - `sklearn_logistic`, `sklearn_forest`: skl2onnx with ZipMap off (label [batch] INT64 and
   probabilities);
 - `xgboost`, `lightgbm`: onnxmltools (LightGBM's label declared [1] although it follows the
@@ -212,6 +214,26 @@ def stateful(folder: Path) -> ZooModel:
         opset=13,
     )
     return ZooModel("stateful", path, max_batch_size=0, state={"state": "stateN"})
+
+
+def recurrent(folder: Path) -> ZooModel:
+    w = numpy_helper.from_array(_weights(15, (8, 8)), "w")
+    nodes = [
+        helper.make_node("MatMul", ["state", "w"], ["mixed"]),
+        helper.make_node("Add", ["mixed", "chunk"], ["summed"]),
+        helper.make_node("Tanh", ["summed"], ["stateN"]),
+        helper.make_node("ReduceMean", ["stateN"], ["score"], axes=[1], keepdims=1),
+    ]
+    path = _save(
+        nodes,
+        [V("chunk", TensorProto.FLOAT, ["N", 8]), V("state", TensorProto.FLOAT, ["N", 8])],
+        [V("score", TensorProto.FLOAT, ["N", 1]), V("stateN", TensorProto.FLOAT, ["N", 8])],
+        folder / "recurrent.onnx",
+        [w],
+        opset=13,
+    )
+    return ZooModel("recurrent", path, ("--server-state",), state={"state": "stateN"},
+                    tensorrt=False)  # fmt: skip
 
 
 def _training_data(classes: int = 3) -> tuple[np.ndarray, np.ndarray]:

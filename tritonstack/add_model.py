@@ -3,7 +3,8 @@
 The graph and one run of it (tritonstack.onnx_serving) decide what is written: whether the model
 batches, its tensors as Triton takes them (variable dims as -1 with their bounds, a per-row scalar
 as `dims: [1]` with an empty reshape, strings), the state its client carries, outputs as they
-really are. Into model_repository/:
+really are; with --server-state, the state kept by Triton's sequence batcher instead. Into
+model_repository/:
 
 - NAME/: config.pbtxt for CPU hosts (the dynamic batcher when it batches), configs/gpu.pbtxt for
   GPU hosts (ONNX Runtime's TensorRT provider with a profile from the bounds, where TensorRT can
@@ -120,8 +121,7 @@ def cpu_config(name: str, plan: Plan, labelled: list[str], source: str) -> str:
         "instance_group": [{"count": CPU_INSTANCES, "kind": "KIND_CPU"}],
         "parameters": _parameters({"intra_op_thread_count": "1", **plan.parameters()}),
     }
-    if plan.batched:
-        config["dynamic_batching"] = {"max_queue_delay_microseconds": BATCH_DELAY_US}
+    _batcher(config, plan)
     batching = (
         "Requests arriving while an execution runs join the next one. No queue policy: it would\n"
         "turn off the batcher's prefetching (classifier/config.pbtxt says why); the gateway\n"
@@ -129,6 +129,13 @@ def cpu_config(name: str, plan: Plan, labelled: list[str], source: str) -> str:
         if plan.batched
         else "No batching (max_batch_size 0): the graph's first axis is not a batch of rows."
     )
+    if plan.server_state:
+        batching = (
+            "State kept in the\nserver: the sequence batcher sends every request of a "
+            "sequence (the client's sequence ID)\nto one instance and feeds each state output "
+            "back as its input; a sequence starts from\nzeros. No queue policy: the gateway "
+            "refuses overload."
+        )
     return render(
         config,
         f"{name}: added by `tritonstack add-model` from {source}; served as classifier is.\n"
@@ -151,8 +158,7 @@ def gpu_config(name: str, plan: Plan, labelled: list[str], source: str) -> str:
     }
     if plan.parameters():
         config["parameters"] = _parameters(plan.parameters())
-    if plan.batched:
-        config["dynamic_batching"] = {"max_queue_delay_microseconds": BATCH_DELAY_US}
+    _batcher(config, plan)
     accelerated = plan.no_tensorrt is None and not strings
     if accelerated:
         settings = {
@@ -168,10 +174,12 @@ def gpu_config(name: str, plan: Plan, labelled: list[str], source: str) -> str:
                 "gpu_execution_accelerator": [{"name": "tensorrt", "parameters": settings}]
             }
         }
-        config["model_warmup"] = [
-            _warmup(plan, "opt rows", plan.rows("opt")),
-            _warmup(plan, "full batch", plan.rows("max")),
-        ]
+        if not plan.server_state:
+            # Warmup requests go to the backend without a sequence: no state to read or write.
+            config["model_warmup"] = [
+                _warmup(plan, "opt rows", plan.rows("opt")),
+                _warmup(plan, "full batch", plan.rows("max")),
+            ]
     why = (
         "ONNX Runtime's TensorRT provider with its engines\n"
         "cached where the entrypoint keys them (GPU, TensorRT, weights), a profile from the\n"
@@ -189,6 +197,15 @@ def gpu_config(name: str, plan: Plan, labelled: list[str], source: str) -> str:
     )
 
 
+def _batcher(config: dict, plan: Plan) -> None:
+    """The dynamic batcher for a model that batches, or the sequence batcher for state kept
+    in the server (it batches too: one slot per sequence, up to max_batch_size)."""
+    if plan.server_state:
+        config["sequence_batching"] = plan.sequence_batching()
+    elif plan.batched:
+        config["dynamic_batching"] = {"max_queue_delay_microseconds": BATCH_DELAY_US}
+
+
 def _profile_names_ok(plan: Plan) -> bool:
     """ONNX Runtime's profile strings split on ',' and ':': names holding them cannot be said."""
     return not any(set(t.name) & {",", ":"} for t in plan.graph.inputs)
@@ -196,7 +213,8 @@ def _profile_names_ok(plan: Plan) -> bool:
 
 def _warmup(plan: Plan, title: str, rows: int) -> dict:
     inputs = {}
-    for entry, tensor in zip(plan.io("input"), plan.graph.inputs, strict=True):
+    for entry in plan.io("input"):
+        tensor = next(t for t in plan.graph.inputs if t.name == entry["name"])
         dims = entry["dims"]
         if tensor.name in plan.bounds:
             dims = list(plan.bounds[tensor.name].opt)
@@ -217,8 +235,7 @@ def trt_config(name: str, plan: Plan, labelled: list[str]) -> str:
             }
         ),
     }
-    if plan.batched:
-        config["dynamic_batching"] = {"max_queue_delay_microseconds": BATCH_DELAY_US}
+    _batcher(config, plan)
     source = name.removesuffix(TRT_SUFFIX)
     return render(
         config,
@@ -232,6 +249,12 @@ def trt_config(name: str, plan: Plan, labelled: list[str]) -> str:
 def wants_tensorrt(plan: Plan, option: str) -> bool:
     """Whether to write NAME_trt: `auto` where TensorRT can build the graph."""
     if option == "never":
+        return False
+    if plan.server_state:
+        if option == "always":
+            raise UserError("--tensorrt always: a plan variant keeping state in the server is "
+                            "not made (the ONNX model on a GPU host uses TensorRT through ONNX "
+                            "Runtime); leave --server-state out or --tensorrt auto")  # fmt: skip
         return False
     if any("'" in t.name or '"' in t.name or "\\" in t.name for t in plan.graph.inputs):
         if option == "always":
@@ -300,12 +323,17 @@ def load_in_triton(view: Path, name: str, plan: Plan) -> None:
             t.name: onnx_serving.random_array(t.elem_type, plan.full_shape(t.name, "opt"), rng)
             for t in plan.graph.inputs
         }
-        sent = {k: _as_request(plan, k, v) for k, v in feeds.items()}
+        if plan.server_state:  # a sequence's start: one row, its state the initial one (zeros)
+            feeds = {k: v[:1] if plan.batched else v for k, v in feeds.items()}
+            for state in plan.state:
+                feeds[state] = np.zeros_like(feeds[state])
+        sent = {e["name"]: _as_request(plan, e["name"], feeds[e["name"]]) for e in plan.io("input")}
         answer = infer(server.http_url, name, sent, timeout=60)
         expected = onnx_serving.Runner(plan.model).run(feeds)
     finally:
         server.stop(grace=0.5)  # a throwaway server: no request of anyone's to drain
-    for output in plan.graph.outputs:
+    for output in plan.io("output"):
+        output = next(t for t in plan.graph.outputs if t.name == output["name"])
         got, want = answer[output.name], expected[output.name]
         want = want.reshape(got.shape) if want.size == got.size else want
         same = (
@@ -359,6 +387,7 @@ def add_model(
     state: list[str] | None = None,
     max_string_bytes: int = DEFAULT_MAX_STRING_BYTES,
     tensorrt: str = "auto",
+    server_state: bool = False,
     log=print,
 ) -> list[Path]:
     """Add the model to the project at `root` (default: the project folder); returns what was
@@ -393,6 +422,7 @@ def add_model(
         onnx_serving.parse_shapes(shapes),
         given_state,
         max_string_bytes,
+        server_state,
     )
     labels, labelled = read_labels(labels_file, plan) if labels_file else (None, [])
     with_plan = wants_tensorrt(plan, tensorrt)
@@ -496,6 +526,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(default: pairs found by name, such as state=stateN, h0=hn; `--state none`: no state)",
     )
     parser.add_argument(
+        "--server-state",
+        action="store_true",
+        help="keep that state in the server instead: Triton's sequence batcher feeds each "
+        "output back within a sequence, and clients send a sequence ID (START and END) "
+        "instead of the state; the gateway keeps a sequence on one replica",
+    )
+    parser.add_argument(
         "--max-string-bytes",
         type=int,
         default=DEFAULT_MAX_STRING_BYTES,
@@ -531,6 +568,7 @@ def run(args: argparse.Namespace) -> int:
         state=args.state,
         max_string_bytes=args.max_string_bytes,
         tensorrt=args.tensorrt,
+        server_state=args.server_state,
     )
     for path in written:
         print(f"wrote {path.relative_to(root)}")

@@ -216,7 +216,7 @@ def _wait(stop: threading.Event, gateway, server=None, reload_keys=None) -> None
 def cmd_infer(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from tritonstack.client import fetch_signature, infer, table
+    from tritonstack.client import fetch_signature, infer, new_sequence_id, table
     from tritonstack.settings import load
     from tritonstack.signature import load_arrays
 
@@ -234,6 +234,10 @@ def cmd_infer(args: argparse.Namespace) -> int:
     if args.steps > 1 and signature.state:
         carried = ", ".join(f"{out} -> {name}" for name, out in signature.state)
         print(f"state carried from each answer to the next request: {carried}")
+    sequence_id = new_sequence_id()
+    if signature.sequence:
+        print(f"sequence {sequence_id}: the server keeps the state across its {args.steps} "
+              "request(s)")  # fmt: skip
     for step in range(args.steps):
         if args.steps > 1:
             print(f"step {step + 1}")
@@ -245,6 +249,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             classification=1 if classified else 0,
             signature=signature,
+            sequence=(sequence_id, step == 0, step == args.steps - 1),
         )
         for line in table(signature, outputs, classified):
             print(line)
@@ -324,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="requests to send one after the other; a model whose client carries state gets "
-        "each answer's state back in the next request (default 1)",
+        "each answer's state back in the next request, one keeping state in the server gets "
+        "them as one sequence (default 1)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for the random values")
     p.add_argument(

@@ -8,6 +8,7 @@ classification extension), else the outputs' values.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Mapping
@@ -98,6 +99,7 @@ def infer(
     api_key: str | None = None,
     classification: int = 0,
     signature: Signature | None = None,
+    sequence: tuple[int, bool, bool] | None = None,
 ) -> dict[str, np.ndarray]:
     """Send one request and return the requested outputs (default: all) by name.
 
@@ -105,6 +107,8 @@ def infer(
     take the batch dimension first. `api_key` is sent as `Authorization: Bearer <key>` (gRPC:
     metadata), what the gateway checks. `classification` N asks outputs that have labels for
     their top N classes as "score:index:label" strings (Triton's classification extension).
+    `sequence` (ID, start, end): the request's place in a sequence, for a model that keeps
+    state in the server; without it such a model gets a sequence of this one request.
     """
     from tritonclient.utils import InferenceServerException
 
@@ -125,6 +129,9 @@ def infer(
             for name in outputs
         ]
         kwargs = {"client_timeout": timeout} if protocol == "grpc" else {}
+        if signature.sequence:
+            sequence_id, start, end = sequence or (new_sequence_id(), True, True)
+            kwargs.update(sequence_id=sequence_id, sequence_start=start, sequence_end=end)
         if api_key:
             kwargs["headers"] = _headers(api_key)
         result = client.infer(model_name=model, inputs=tensors, outputs=requested, **kwargs)
@@ -139,6 +146,12 @@ def infer(
         raise UserError(f"request to Triton at {url} ({protocol}) failed: {exc!r}") from None
     finally:
         client.close()
+
+
+def new_sequence_id() -> int:
+    """A sequence ID no other client picks (Triton's IDs are per model, any nonzero uint64;
+    random 63 bits, so that both protocols and every client library carry it)."""
+    return secrets.randbits(63) or 1
 
 
 def _cell(value) -> str:

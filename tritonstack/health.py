@@ -146,6 +146,12 @@ def call(
         raise Dead(f"an answer that is not JSON: {exc}") from None
 
 
+#: The probes' sequence ID (fixed, so the generated probe config is too): the largest 63-bit
+#: number, far from the small IDs clients count up from; a random client ID meets it once in
+#: 2^63.
+PROBE_SEQUENCE_ID = 2**63 - 1
+
+
 def probe_request(metadata: Mapping, config: Mapping) -> tuple[dict, dict[str, int], bytes]:
     """A one-row request of zeros for the model at each input's opt shape (the bounds
     add-model writes; 1 for a variable dim without them), each output's expected number of
@@ -185,7 +191,14 @@ def probe_request(metadata: Mapping, config: Mapping) -> tuple[dict, dict[str, i
         else:
             outputs.append({"name": name})
         expected[name] = count
-    return {"inputs": inputs, "outputs": outputs}, expected, tail
+    body = {"inputs": inputs, "outputs": outputs}
+    if "sequence_batching" in config:
+        # A model keeping state in the server takes only requests of a sequence: the probe's is
+        # a sequence of one request, from the initial state.
+        body["parameters"] = {
+            "sequence_id": PROBE_SEQUENCE_ID, "sequence_start": True, "sequence_end": True,
+        }  # fmt: skip
+    return body, expected, tail
 
 
 def check_answer(answer: Mapping, expected: Mapping[str, int]) -> str:

@@ -48,6 +48,12 @@ H2_STREAMS = 8
 #: What a busy connection costs the gateway besides its buffers (connection, session, stream,
 #: multiplexer): measured with HAProxy 2.6, tests/functional/test_gateway_memory.py.
 CONNECTION_OVERHEAD = 32768
+#: Sequences (of models keeping state in the server) the gateway remembers per protocol, each
+#: stuck to its replica, and what one entry of such a stick table may cost (a 200-byte key).
+SEQUENCE_ENTRIES = 10000
+SEQUENCE_ENTRY_BYTES = 320
+#: The two stick tables at their fullest, taken from the memory budget before connections.
+SEQUENCE_TABLES_BYTES = 2 * SEQUENCE_ENTRIES * SEQUENCE_ENTRY_BYTES
 #: Connections of the metrics and health listener (Prometheus, probes): no body, small answers.
 METRICS_CONNECTIONS = 64
 #: The largest body this stack lets through for one model: Triton's own --http-max-input-size
@@ -242,7 +248,7 @@ class Limits:
         return self._connections((2 * H2_STREAMS + 2) * self.bufsize + CONNECTION_OVERHEAD)
 
     def _connections(self, worst_each: int) -> int:
-        half = self.settings.GATEWAY_MEMORY_MB * 2**20 // 2
+        half = (self.settings.GATEWAY_MEMORY_MB * 2**20 - SEQUENCE_TABLES_BYTES) // 2
         found = half // worst_each
         if found < 1:
             raise UserError(
@@ -253,10 +259,11 @@ class Limits:
 
     @property
     def worst_case_bytes(self) -> int:
-        """The buffers and connections of every connection the gateway accepts, all busy."""
+        """The buffers and connections of every connection the gateway accepts, all busy, and
+        the sequences' stick tables full."""
         http = self.http_connections * (2 * self.bufsize + CONNECTION_OVERHEAD)
         grpc = self.grpc_connections * ((2 * H2_STREAMS + 2) * self.bufsize + CONNECTION_OVERHEAD)
-        return http + grpc
+        return http + grpc + SEQUENCE_TABLES_BYTES
 
     def models_map(self) -> str:
         """gateway/models.map's lines: one per public model."""
@@ -272,6 +279,7 @@ class Limits:
             "GATEWAY_HTTP_CONNECTIONS": str(self.http_connections),
             "GATEWAY_GRPC_CONNECTIONS": str(self.grpc_connections),
             "GATEWAY_H2_STREAMS": str(H2_STREAMS),
+            "GATEWAY_SEQUENCE_ENTRIES": str(SEQUENCE_ENTRIES),
             "GATEWAY_MAX_CONNECTIONS": str(
                 self.http_connections + self.grpc_connections + METRICS_CONNECTIONS
             ),

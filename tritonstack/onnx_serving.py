@@ -20,7 +20,10 @@ do the same). From both:
 - **Strings**: each string input's size per value is bounded (`--max-string-bytes`), so the
   gateway can bound a request.
 - **State** the client carries: an output fed back as an input on the next call (`--state
-  IN=OUT`, or found by name: `state`/`stateN`, `h0`/`hn`, `past_key_values.*`/`present.*`).
+  IN=OUT`, or found by name: `state`/`stateN`, `h0`/`hn`, `past_key_values.*`/`present.*`);
+  or, with `--server-state`, the same pairs kept in the server: Triton's sequence batcher with
+  implicit state (`sequence_batching { state [...] }`), the state tensors left out of the
+  config's inputs and outputs, and clients sending a sequence ID instead.
 - **TensorRT**: whether TensorRT could build the graph (no ai.onnx.ml or other custom-domain
   operators, no type TensorRT lacks), so that a plan variant is made only where it can be.
 
@@ -49,6 +52,8 @@ DEFAULT_MAX_BATCH_SIZE = 64
 #: enough that a full batch of a few such dims stays a modest request, large enough for short
 #: sequences and chunks. Give --shape for images, long texts and audio.
 DEFAULT_DIM_BOUNDS = (1, 16, 256)
+#: A sequence with no request for this long is ended by Triton and its state forgotten.
+SEQUENCE_IDLE_US = 10_000_000
 #: Bytes one value of a string input may hold, unless --max-string-bytes says otherwise.
 DEFAULT_MAX_STRING_BYTES = 1024
 #: Element types TensorRT 10 builds (FP32, FP16, BF16, INT8, INT32, INT64, BOOL, UINT8).
@@ -94,6 +99,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     #: rows of a request at the opt bound (TensorRT's opt batch)
     opt_rows: int = 1
+    #: `state` kept in the server (the sequence batcher's implicit state), not by the client
+    server_state: bool = False
 
     @property
     def batched(self) -> bool:
@@ -102,7 +109,10 @@ class Plan:
     def io(self, role: str) -> list[dict]:
         """The config's inputs or outputs (JSON, as Triton reads a config)."""
         entries = []
+        hidden = set(self.state if role == "input" else self.state.values())
         for tensor in self.graph.inputs if role == "input" else self.graph.outputs:
+            if self.server_state and tensor.name in hidden:
+                continue  # Triton's: sequence_batching's state
             dims, reshape = rules.config_dims(tensor, self.batched)
             entry = {"name": tensor.name, "data_type": tensor.triton_type, "dims": dims}
             if reshape is not None:
@@ -126,9 +136,24 @@ class Plan:
         }
         if described:
             found[BOUNDS_PARAMETER] = json.dumps(described, separators=(",", ":"))
-        if self.state:
+        if self.state and not self.server_state:
             found[STATE_PARAMETER] = json.dumps(self.state, separators=(",", ":"))
         return found
+
+    def sequence_batching(self) -> dict:
+        """The sequence batcher keeping the state in the server: each state's initial value
+        zeros, a sequence idle SEQUENCE_IDLE_US forgotten."""
+        inputs = {t.name: t for t in self.graph.inputs}
+        states = []
+        for name, output in self.state.items():
+            dims, _ = rules.config_dims(inputs[name], self.batched)
+            kind = inputs[name].triton_type
+            states.append({
+                "input_name": name, "output_name": output, "data_type": kind, "dims": dims,
+                "initial_state": [{"name": "zeros", "data_type": kind, "dims": dims,
+                                   "zero_data": True}],
+            })  # fmt: skip
+        return {"max_sequence_idle_microseconds": SEQUENCE_IDLE_US, "state": states}
 
     def rows(self, which: str) -> int:
         """Rows of a request at the min, opt or max bound (1 without batching)."""
@@ -348,6 +373,7 @@ def plan(
     shapes: Mapping[str, tuple] | None = None,
     state: Mapping[str, str] | None = None,
     max_string_bytes: int = DEFAULT_MAX_STRING_BYTES,
+    server_state: bool = False,
 ) -> Plan:
     """Read and run the model at `path`; how add-model serves it, or a UserError saying why it
     cannot be served and how to fix that."""
@@ -457,11 +483,45 @@ def plan(
         notes.append(f"{name}: variable dims bounded {described} {per} ({source})")
     strings = {t.name: max_string_bytes for t in graph.inputs if t.elem_type == 8}
     pairs = _state(path, graph, state)
+    if server_state:
+        _check_server_state(path, graph, pairs, size > 0)
     for name, output in pairs.items():
-        notes.append(f"state carried by the client: {output} is sent back as {name}")
+        notes.append(
+            f"state kept in the server: Triton's sequence batcher feeds {output} back as {name} "
+            "within a sequence (clients send a sequence ID)"
+            if server_state
+            else f"state carried by the client: {output} is sent back as {name}"
+        )
     onnx.checker.check_model(corrected)
     return Plan(corrected, graph, size, bounds, strings, pairs, _no_tensorrt(corrected, graph),
-                notes, opt_rows)  # fmt: skip
+                notes, opt_rows, server_state)  # fmt: skip
+
+
+def _check_server_state(
+    path: Path, graph: rules.Graph, pairs: Mapping[str, str], batching: bool
+) -> None:
+    """State Triton's sequence batcher can keep: fixed dims (its initial state has a size), a
+    number type (the initial state is zeros)."""
+    if not pairs:
+        raise UserError(
+            f"--server-state: {path.name} has no state found by name; name each pair with "
+            "--state INPUT=OUTPUT"
+        )
+    inputs = {t.name: t for t in graph.inputs}
+    for name in pairs:
+        tensor = inputs[name]
+        dims, _ = rules.config_dims(tensor, batching)
+        if tensor.elem_type == 8:
+            raise UserError(f"--server-state: state {name} is a string tensor; Triton's "
+                            "initial state is zeros, which strings have not; let the client "
+                            "carry it (leave --server-state out)")  # fmt: skip
+        if rules.WILDCARD in dims:
+            raise UserError(
+                f"--server-state: state {name} has variable dims {list(tensor.dims)}"
+                f"{' besides the batch' if batching else ''}; the sequence batcher keeps state "
+                "of a fixed size: fix them in the export, or let the client carry it (leave "
+                "--server-state out)"
+            )
 
 
 def _one_line(exc: Exception) -> str:

@@ -151,6 +151,9 @@ class Signature:
     max_batch_size: int
     #: (input, the output whose value the client sends back into it on the next call) pairs
     state: tuple[tuple[str, str], ...] = ()
+    #: the server keeps state between a sequence's requests: each request carries a sequence
+    #: ID (Triton's sequence batcher refuses one without)
+    sequence: bool = False
 
     @property
     def batched(self) -> bool:
@@ -158,7 +161,9 @@ class Signature:
 
     @property
     def max_rows(self) -> int:
-        return self.max_batch_size if self.batched else 1
+        """Rows one request may carry: a sequence's requests carry one (Triton's sequence batcher
+        batches the sequences' requests together)."""
+        return self.max_batch_size if self.batched and not self.sequence else 1
 
     @property
     def labelled_outputs(self) -> tuple[Tensor, ...]:
@@ -199,6 +204,7 @@ class Signature:
             outputs=tensors(metadata.get("outputs", []), True),
             max_batch_size=max_batch_size,
             state=tuple(parameter_json(config, STATE_PARAMETER).items()),
+            sequence="sequence_batching" in config,
         )
 
     @classmethod

@@ -182,6 +182,14 @@ RUN_ELSEWHERE = {
         "tests/functional/test_model_zoo.py::test_infer_steps_carry_the_state_the_model_returns "
         "(with --url of the test's gateway)"
     ),
+    "tritonstack add-model recurrent.onnx --name recurrent --server-state": (
+        "tests/functional/test_server_state.py's project fixture (tests/model_zoo.py's "
+        "`recurrent` with its options)"
+    ),
+    "tritonstack infer --model recurrent --steps 3": (
+        "tests/functional/test_server_state.py::test_the_health_probe_and_infer_steps_send_a_"
+        "sequence (with --url of the test's gateway)"
+    ),
     "make standin-images": (
         "tests/unit/test_standins.py::test_make_standin_images_runs_the_builder; the compose "
         "stack's session fixture (tests/functional/conftest.py) runs the same builder"

@@ -216,3 +216,50 @@ def test_shapes_are_written_as_trtexec_writes_them():
     for bad in ("x=1x3:8x3", "x", "=1:2:3", "x=1xa:2:3"):
         with pytest.raises(UserError, match="write NAME=MIN:OPT:MAX"):
             parse_shapes([bad])
+
+
+def test_state_kept_in_the_server_is_the_sequence_batchers(tmp_path):
+    """--server-state: the state pair leaves the config's inputs and outputs for
+    sequence_batching's state (zeros to start), no client-state parameter, one row a request."""
+    from tritonstack.add_model import cpu_config, gpu_config, wants_tensorrt
+
+    model = model_zoo.recurrent(tmp_path)
+    found = plan(model.path, None, {}, None, server_state=True)
+    assert found.server_state and found.state == {"state": "stateN"} and found.batched
+    assert [e["name"] for e in found.io("input")] == ["chunk"]
+    assert [e["name"] for e in found.io("output")] == ["score"]
+    assert STATE_PARAMETER not in found.parameters()
+    assert any("state kept in the server" in note for note in found.notes)
+    for text in (cpu_config("r", found, [], "r.onnx"), gpu_config("r", found, [], "r.onnx")):
+        config = message_from_text(text)
+        assert not config.HasField("dynamic_batching") and not config.model_warmup
+        (state,) = config.sequence_batching.state
+        assert (state.input_name, state.output_name, list(state.dims)) == ("state", "stateN", [8])
+        assert state.initial_state[0].zero_data and list(state.initial_state[0].dims) == [8]
+    assert not wants_tensorrt(found, "auto")
+    with pytest.raises(UserError, match="--tensorrt always"):
+        wants_tensorrt(found, "always")
+
+
+def message_from_text(text: str):
+    from google.protobuf import text_format
+
+    from tritonstack.config_text import ModelConfig
+
+    return text_format.Parse(text, ModelConfig())
+
+
+def test_state_the_server_cannot_keep_is_refused_with_the_way_out(tmp_path, zoo):
+    with pytest.raises(UserError, match="no state found by name; name each pair"):
+        plan(zoo["image"].path, None, {}, None, server_state=True)
+    variable = model_zoo._save(
+        [helper.make_node("Add", ["state", "x"], ["stateN"])],
+        [model_zoo.V("x", TensorProto.FLOAT, ["n", "t"]),
+         model_zoo.V("state", TensorProto.FLOAT, ["n", "t"])],
+        [model_zoo.V("stateN", TensorProto.FLOAT, ["n", "t"])],
+        tmp_path / "variable.onnx",
+    )  # fmt: skip
+    with pytest.raises(UserError) as raised:
+        plan(variable, None, {}, None, server_state=True)
+    assert "state state has variable dims" in str(raised.value)
+    assert "leave --server-state out" in str(raised.value)

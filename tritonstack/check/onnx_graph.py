@@ -144,7 +144,13 @@ def _cross_check_onnx(model: Model, shown: str, graph: onnx.GraphProto, say: Say
                     )
                 continue
             _compare_onnx_tensor(config, field, io, tensor, shown, say, exact=section == "output")
-    declared_inputs = {io.name for io in config.input}
+    # The sequence batcher feeds its control inputs and implicit states itself.
+    sequence = config.sequence_batching
+    declared_inputs = {
+        *(io.name for io in config.input),
+        *(state.input_name for state in sequence.state),
+        *(control.name for control in sequence.control_input),
+    }
     for tensor in graph_io["input"].values():
         if tensor.name not in declared_inputs:
             say(

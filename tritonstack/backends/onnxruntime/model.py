@@ -16,10 +16,19 @@ are Triton core's, before and after this backend.
 Requests the dynamic batcher hands over together run in one `InferenceSession.run` when their
 shapes agree (which is what makes batching pay off); requests with other variable dims run in
 groups of their own, and a request onnxruntime refuses fails alone, not the others beside it.
+
+State kept in the server (`sequence_batching { state [...] }`): Triton's C++ backend hands each
+state output to core (TRITONBACKEND_StateUpdate), which feeds it back on the sequence's next
+request; the Python backend has no such call, and core then feeds the initial state every time.
+So this backend keeps each sequence's state itself, by correlation ID: the sequence batcher sends
+every request of a sequence to the same model instance (both strategies), the START request takes
+core's initial state, END forgets it, and a sequence idle past max_sequence_idle_microseconds
+(which core has already ended) is forgotten at the next execution.
 """
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -59,44 +68,81 @@ class TritonPythonModel:
         self.scalar_inputs = {n for n in self.input_names if ranks[n] == 0}
         self.scalar_outputs = {n for n in self.output_names if ranks[n] == 0}
         self.batched = rules.max_batch_size(config) > 0
+        sequence = config.get("sequence_batching") or {}
+        #: state input -> state output, for state kept in the server
+        self.states = {s["input_name"]: s["output_name"] for s in sequence.get("state", [])}
+        self.feed_names = [*self.input_names, *self.states]
+        self.run_names = [*self.output_names, *self.states.values()]
+        idle_us = int(sequence.get("max_sequence_idle_microseconds") or 1_000_000)
+        self.idle_s = idle_us / 1e6
+        #: correlation ID -> (monotonic time of its last request, state input -> value)
+        self.kept = {}
 
     def execute(self, requests):
-        responses = [None] * len(requests)
+        if self.states:
+            self._forget_idle(time.monotonic())
+        results = [None] * len(requests)
         groups = {}
         for index, request in enumerate(requests):
             try:
                 feeds = self._feeds(request)
             except Exception as exc:  # an input this backend cannot read: that request fails
-                responses[index] = self._error(exc)
+                results[index] = exc
                 continue
             if not self.batched:
-                responses[index] = self._answer([feeds])[0]
+                results[index] = self._answer([feeds])[0]
                 continue
-            shapes = tuple((name, feeds[name].shape[1:]) for name in self.input_names)
+            shapes = tuple((name, feeds[name].shape[1:]) for name in self.feed_names)
             groups.setdefault(shapes, []).append((index, feeds))
         for members in groups.values():
             answers = self._answer([feeds for _, feeds in members])
             for (index, _), answer in zip(members, answers, strict=True):
-                responses[index] = answer
+                results[index] = answer
+        responses = []
+        for request, result in zip(requests, results, strict=True):
+            if isinstance(result, Exception):
+                responses.append(self._error(result))
+                continue
+            outputs = dict(zip(self.run_names, result, strict=True))
+            if self.states:
+                self._keep(request, outputs)
+            responses.append(self._respond([outputs[name] for name in self.output_names]))
         return responses
 
     def _answer(self, feeds_list):
-        """Responses for requests whose inputs can be stacked: one run, split by rows; when the
-        run fails, each request alone, so only those onnxruntime refuses fail."""
+        """Each request's outputs (or the exception that failed it) for requests whose inputs
+        can be stacked: one run, split by rows; when the run fails, each request alone, so only
+        those onnxruntime refuses fail."""
         if len(feeds_list) > 1:
             sizes = [len(next(iter(f.values()))) for f in feeds_list]
-            merged = {n: np.concatenate([f[n] for f in feeds_list]) for n in self.input_names}
+            merged = {n: np.concatenate([f[n] for f in feeds_list]) for n in self.feed_names}
             try:
                 outputs = self._run(merged)
             except Exception:
                 return [self._answer([feeds])[0] for feeds in feeds_list]
             bounds = np.cumsum(sizes)[:-1]
             parts = [np.split(output, bounds) for output in outputs]
-            return [self._respond([part[i] for part in parts]) for i in range(len(feeds_list))]
+            return [[part[i] for part in parts] for i in range(len(feeds_list))]
         try:
-            return [self._respond(self._run(feeds_list[0]))]
+            return [self._run(feeds_list[0])]
         except Exception as exc:
-            return [self._error(exc)]
+            return [exc]
+
+    def _keep(self, request, outputs):
+        """After a request of a sequence ran: its state outputs are the next request's state."""
+        sequence = request.correlation_id()
+        if not sequence:  # the direct strategy's filler for an empty batch slot
+            return
+        if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+            self.kept.pop(sequence, None)
+            return
+        values = {name: np.array(outputs[out]) for name, out in self.states.items()}
+        self.kept[sequence] = (time.monotonic(), values)
+
+    def _forget_idle(self, now):
+        idle = [key for key, (last, _) in self.kept.items() if now - last > self.idle_s]
+        for key in idle:
+            del self.kept[key]
 
     def _feeds(self, request):
         feeds = {}
@@ -110,10 +156,21 @@ class TritonPythonModel:
             if name in self.scalar_inputs:
                 value = value.reshape(())
             feeds[name] = value
+        if self.states:
+            sequence = request.correlation_id()
+            start = request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+            kept = None if start else self.kept.get(sequence)
+            for name in self.states:
+                # The initial state (core's, as its config says) at a sequence's start.
+                feeds[name] = (
+                    kept[1][name]
+                    if kept is not None
+                    else pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+                )
         return feeds
 
     def _run(self, feeds):
-        return self.session.run(self.output_names, feeds)
+        return self.session.run(self.run_names, feeds)
 
     def _respond(self, outputs):
         tensors = []
