@@ -16,8 +16,8 @@ XGBoost and LightGBM for the converters' classifiers), so no download is needed:
 - `text`: STRING in and out;
 - `stateful`: a recurrent step whose state [2, 1, 8] carries the batch on axis 1 (silero VAD's
   layout): served unbatched, the client sending stateN back as state;
-- `recurrent` (not in BUILDERS; tests/functional/test_server_state.py adds it with
-  `--server-state`): a batched recurrent step, state [batch, 8], kept by the sequence batcher;
+- `recurrent`: a batched recurrent step, state [batch, 8], added with `--server-state`: kept
+  by Triton's sequence batcher, clients sending sequence IDs;
 - `sklearn_logistic`, `sklearn_forest`: skl2onnx with ZipMap off (label [batch] INT64 and
   probabilities);
 - `xgboost`, `lightgbm`: onnxmltools (LightGBM's label declared [1] although it follows the
@@ -52,6 +52,11 @@ class ZooModel:
     #: whether JSON can carry every tensor (FP16 and BF16 travel only as binary)
     json: bool = True
     tensorrt: bool = True
+
+    @property
+    def server_state(self) -> bool:
+        """Whether its state is kept in the server (the sequence batcher's)."""
+        return "--server-state" in self.options
 
 
 def _save(nodes, inputs, outputs, path: Path, initializers=(), opset=OPSET) -> Path:
@@ -324,6 +329,7 @@ BUILDERS: dict[str, Callable[[Path], ZooModel]] = {
         every_type,
         text,
         stateful,
+        recurrent,
         sklearn_logistic,
         sklearn_forest,
         xgboost,

@@ -5,7 +5,9 @@ check`; `tritonstack serve` with the gateway in front, where the bad model is re
 other one serves; each answering HTTP JSON (where JSON can carry its types), binary tensors and
 gRPC exactly as onnxruntime in-process does; a bad request answered 4xx with the server still
 serving; gated load tests; the health check, `top` and the gateway naming the model that did
-not load; `infer --steps` carrying a model's state."""
+not load; `infer --steps` carrying a model's state. A model keeping its state in the server gets
+a sequence of one request from each of these clients (tests/functional/test_server_state.py
+runs longer sequences over two replicas)."""
 
 from __future__ import annotations
 
@@ -72,9 +74,11 @@ def test_each_model_is_written_as_its_class_needs(project, zoo):
         config = models[model.name].config
         assert config.max_batch_size == model.max_batch_size, model.name
         assert (f"{model.name}_trt" in models) == model.tensorrt, model.name
-        assert bool(config.dynamic_batching.ByteSize() or config.HasField("dynamic_batching")) == (
-            model.max_batch_size > 0
+        assert config.HasField("dynamic_batching") == (
+            model.max_batch_size > 0 and not model.server_state
         ), model.name
+        kept = {s.input_name: s.output_name for s in config.sequence_batching.state}
+        assert kept == (model.state if model.server_state else {}), model.name
     assert set(zoo) <= set(load(project / "stack.env").public_models)
 
 
@@ -112,7 +116,11 @@ def expected(model: model_zoo.ZooModel, arrays: dict[str, np.ndarray]) -> dict[s
 
     session = ort.InferenceSession(str(model.path), providers=["CPUExecutionProvider"])
     feeds = {}
+    rows = len(next(iter(arrays.values())))
     for tensor in session.get_inputs():
+        if model.server_state and tensor.name in model.state:  # a sequence's start: zeros
+            feeds[tensor.name] = np.zeros([rows, *tensor.shape[1:]], np.float32)
+            continue
         array = arrays[tensor.name]
         if len(tensor.shape) < array.ndim:  # Triton's reshape: [rows, 1] -> [rows], [1] -> []
             array = array.reshape(array.shape[: len(tensor.shape)])
@@ -161,6 +169,8 @@ def post_json(url: str, model: str, arrays, signature) -> tuple[int, str]:
             for t in signature.inputs
         ]
     }  # fmt: skip
+    if signature.sequence:  # a sequence of this one request
+        body["parameters"] = {"sequence_id": 7, "sequence_start": True, "sequence_end": True}
     host, port = url.split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     connection.request("POST", f"/v2/models/{model}/infer", json.dumps(body),
@@ -205,8 +215,13 @@ def library_answer(served, model: str, arrays, signature, protocol: str) -> dict
         else httpclient.InferRequestedOutput(t.name, binary_data=True)
         for t in signature.outputs
     ]
+    sequence = (
+        {"sequence_id": 7, "sequence_start": True, "sequence_end": True}
+        if signature.sequence
+        else {}
+    )
     try:
-        result = client.infer(model, tensors, outputs=outputs)
+        result = client.infer(model, tensors, outputs=outputs, **sequence)
     finally:
         client.close()
     return {t.name: result.as_numpy(t.name) for t in signature.outputs}
@@ -221,6 +236,8 @@ BAD = {
              'text: shape [1,2] declares 2 values, data holds 1'),
     "stateful": ({"name": "chunk", "shape": [1, 9], "datatype": "FP32", "data": [0] * 9},
                  "missing required input(s) ['state']"),
+    "recurrent": ({"name": "chunk", "shape": [1, 8], "datatype": "FP32", "data": [0] * 8},
+                  "must specify a non-zero or non-empty correlation ID"),
 }  # fmt: skip
 
 
@@ -318,6 +335,7 @@ LOADS = {
     "text": "http_json",
     "every_type": "http_json",  # FP16: binary tensors, though the user is JSON's
     "stateful": "http_binary",
+    "recurrent": "grpc",
     "lightgbm": "grpc",
 }
 

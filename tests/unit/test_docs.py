@@ -73,6 +73,7 @@ ZOO_COMMANDS = {
     "text": " --max-string-bytes 64",
     "every_type": " --max-batch-size 8",
     "stateful": "",
+    "recurrent": " --server-state",
     "xgboost": "",
     "lightgbm": "",
     "sklearn_forest": "",
@@ -181,10 +182,6 @@ RUN_ELSEWHERE = {
     "tritonstack infer --model stateful --steps 3": (
         "tests/functional/test_model_zoo.py::test_infer_steps_carry_the_state_the_model_returns "
         "(with --url of the test's gateway)"
-    ),
-    "tritonstack add-model recurrent.onnx --name recurrent --server-state": (
-        "tests/functional/test_server_state.py's project fixture (tests/model_zoo.py's "
-        "`recurrent` with its options)"
     ),
     "tritonstack infer --model recurrent --steps 3": (
         "tests/functional/test_server_state.py::test_the_health_probe_and_infer_steps_send_a_"

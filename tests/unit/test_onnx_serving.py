@@ -32,7 +32,7 @@ def planned(model: model_zoo.ZooModel, *extra: str) -> onnx_serving.Plan:
         (int(options[i + 1]) for i, o in enumerate(options) if o == "--max-string-bytes"),
         onnx_serving.DEFAULT_MAX_STRING_BYTES,
     )
-    return plan(model.path, size, parse_shapes(shapes), None, strings)
+    return plan(model.path, size, parse_shapes(shapes), None, strings, model.server_state)
 
 
 def dims(found: onnx_serving.Plan, role: str) -> dict[str, tuple]:
@@ -44,9 +44,10 @@ def test_every_class_is_served_as_the_zoo_expects(zoo, name):
     model = zoo[name]
     found = planned(model)
     assert found.max_batch_size == model.max_batch_size
-    assert found.state == model.state
-    assert (found.no_tensorrt is None) == model.tensorrt, found.no_tensorrt
-    assert json.loads(found.parameters().get(STATE_PARAMETER, "{}")) == model.state
+    assert found.state == model.state and found.server_state == model.server_state
+    assert (found.no_tensorrt is None and not found.server_state) == model.tensorrt
+    carried = {} if model.server_state else model.state
+    assert json.loads(found.parameters().get(STATE_PARAMETER, "{}")) == carried
 
 
 def test_variable_dims_take_their_bounds_from_shape_and_rows_from_its_batch(zoo):
