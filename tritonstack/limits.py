@@ -22,7 +22,7 @@ from tritonstack.contract import LLM_MODEL
 from tritonstack.errors import UserError
 from tritonstack.repository import Model, iter_models
 from tritonstack.settings import Settings, load
-from tritonstack.signature import BOUNDS_PARAMETER
+from tritonstack.signature import BOUNDS_PARAMETER, value_bytes
 
 #: Longest JSON rendering of one value plus its separator ("-1.2345678901234567e-05, "; an
 #: INT64 or a boolean is shorter): what one tensor value of a JSON request can cost in bytes.
@@ -63,22 +63,6 @@ MAX_BODY = 64 * 2**20
 #: Room in a generate request's body beside the prompt: every allowed key and parameter written
 #: out is under 1 kB; the rest is for stop strings.
 LLM_PARAMETER_BYTES = 4096
-#: Bytes per value of each numeric Triton datatype (TYPE_STRING has no fixed size).
-VALUE_BYTES = {
-    "TYPE_BOOL": 1,
-    "TYPE_UINT8": 1,
-    "TYPE_INT8": 1,
-    "TYPE_UINT16": 2,
-    "TYPE_INT16": 2,
-    "TYPE_FP16": 2,
-    "TYPE_BF16": 2,
-    "TYPE_UINT32": 4,
-    "TYPE_INT32": 4,
-    "TYPE_FP32": 4,
-    "TYPE_UINT64": 8,
-    "TYPE_INT64": 8,
-    "TYPE_FP64": 8,
-}
 
 
 #: What one value of a string input may cost beyond its bytes: as JSON, a byte may be written
@@ -179,12 +163,13 @@ def model_limits(model: Model) -> ModelLimits:
             per_byte, framing = JSON_STRING_COST
             extra += count * (per_byte * tensor.max_bytes + framing)
             size += count * (BINARY_STRING_PREFIX + tensor.max_bytes)
-        elif datatype in VALUE_BYTES:
-            size += count * VALUE_BYTES[datatype]
         else:
-            raise UserError(
-                f"{where}: input {tensor.name} is {datatype}, which Triton does not serve"
-            )
+            try:
+                size += count * value_bytes(datatype)
+            except UserError:
+                raise UserError(
+                    f"{where}: input {tensor.name} is {datatype}, which Triton does not serve"
+                ) from None
     found = ModelLimits(
         model.name, values, size, len(config.input), extra, tuple(shapes), strings=extra > 0
     )

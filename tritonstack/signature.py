@@ -36,23 +36,6 @@ from tritonstack.errors import UserError
 FLOAT_RANGE = (-1.0, 1.0)
 INTEGER_RANGE = (0, 9)
 WORD_LENGTHS = (3, 8)
-#: KServe datatypes and the numpy types their values take (BF16: ml_dtypes.bfloat16, which
-#: tritonclient takes, imported only for a model that has such a tensor).
-NUMPY_TYPES = {
-    "BOOL": np.bool_,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
 #: Datatypes that JSON cannot carry: Triton answers "use the binary data format" (its HTTP
 #: frontend, http_server.cc); every client sends and asks for them as binary tensors.
 BINARY_ONLY = frozenset(health.BINARY_ONLY)
@@ -63,15 +46,22 @@ STATE_PARAMETER = "tritonstack.client_state"
 
 
 def numpy_type(datatype: str):
-    """The numpy type of a KServe datatype's values."""
-    if datatype == "BF16":
-        import ml_dtypes
+    """The numpy type of a KServe datatype's values, as tritonclient reads and writes them
+    (BYTES: object, BF16: ml_dtypes.bfloat16)."""
+    from tritonclient.utils import triton_to_np_dtype
 
-        return ml_dtypes.bfloat16
-    try:
-        return NUMPY_TYPES[datatype]
-    except KeyError:
-        raise UserError(f"datatype {datatype} is not supported") from None
+    found = triton_to_np_dtype(datatype)
+    if found is None:
+        raise UserError(f"datatype {datatype} is not supported")
+    return found
+
+
+def value_bytes(config_type: str) -> int | None:
+    """Bytes one value of a config's datatype (`TYPE_FP32`) takes as a binary tensor; None for
+    strings, whose size is their own."""
+    if config_type == "TYPE_STRING":
+        return None
+    return np.dtype(numpy_type(config_type.removeprefix("TYPE_"))).itemsize
 
 
 def random_values(datatype: str, shape, rng: np.random.Generator) -> np.ndarray:
