@@ -3,11 +3,13 @@
 # `secrets` service runs `generate` before the services that read them, into the `secrets`
 # volume. `show` prints them: `docker compose run --rm secrets show`.
 #
-# TRITONSTACK_SECRETS lists one secret per word: <file>:<uid>[:<VARIABLE>]. A missing or empty
-# file gets 48 random hex characters (192 bits); if VARIABLE is set and not empty, its value is
-# written instead (an override from .env). The file belongs to <uid> (the one service that reads
-# it) with mode 0400, its directory 0711 (reachable, not listable). An existing secret is never
-# regenerated, so restarts keep passwords and keys stable.
+# TRITONSTACK_SECRETS lists one secret per word: <file>:<uid>[:<override file>]. A missing or
+# empty file gets 48 random hex characters (192 bits); if the override file (an absolute path:
+# the checkout's secrets/ folder, mounted read-only) holds a value, that value is written instead,
+# trailing newlines dropped. A file, not an environment variable, so that no value shows in
+# `docker inspect`. The file belongs to <uid> (the one service that reads it) with mode 0400, its
+# directory 0711 (reachable, not listable). An existing secret is never regenerated, so restarts
+# keep passwords and keys stable.
 #
 # TRITONSTACK_KEY_MAP (optional), <file>:<uid>: the gateway's map of API keys, rewritten by every
 # `generate` from the secrets whose file name ends in `-api-key`: one `<key> <client>` line each,
@@ -31,10 +33,10 @@ random_secret() {
 }
 
 generate() {
-  file=$1 owner=$2 variable=$3
+  file=$1 owner=$2 source=$3
   override=''
-  if [ -n "$variable" ]; then
-    eval "override=\${$variable:-}"
+  if [ -n "$source" ] && [ -r "$source" ]; then
+    override=$(cat "$source")
   fi
   dir=$(dirname "$file")
   mkdir -p "$dir"
@@ -58,7 +60,7 @@ generate() {
     }
     mv -f "$tmp" "$file"
     if [ -n "$override" ]; then
-      echo "secrets: $(basename "$file") set from $variable"
+      echo "secrets: $(basename "$file") set from your secrets/$(basename "$source")"
     else
       echo "secrets: $(basename "$file") generated"
     fi
@@ -96,16 +98,16 @@ for entry in $TRITONSTACK_SECRETS; do
   file=${entry%%:*}
   rest=${entry#*:}
   owner=${rest%%:*}
-  variable=''
-  [ "$rest" = "$owner" ] || variable=${rest#*:}
-  case $owner:$variable in
-    :* | *[!0-9]*:* | *:*[!A-Za-z0-9_]* | *:[0-9]*)
-      echo "secrets: $entry: expected <file>:<uid>[:<VARIABLE>]" >&2
+  source=''
+  [ "$rest" = "$owner" ] || source=${rest#*:}
+  case $owner:$source in
+    :* | *[!0-9]*:* | *:[!/]*)
+      echo "secrets: $entry: expected <file>:<uid>[:<override file>]" >&2
       exit 2
       ;;
   esac
   case $1 in
-    generate) generate "$file" "$owner" "$variable" ;;
+    generate) generate "$file" "$owner" "$source" ;;
     show)
       if [ -s "$file" ]; then
         printf '%s: %s\n' "$(basename "$file")" "$(cat "$file")"

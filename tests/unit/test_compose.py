@@ -40,11 +40,13 @@ def tool(name: str) -> str:
     return str(beside) if beside.is_file() else require_tool(name)
 
 
-def run(*command: str) -> subprocess.CompletedProcess:
-    """Without the variables compose interpolates, so a developer's shell changes nothing."""
-    prefixes = ("GRAFANA_", "TRITON", "TRT_", "COMPOSE_", "DOCKER_", "HF_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+def run(*command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Without the variables compose interpolates, so a developer's shell changes nothing;
+    `env`: the ones a test sets."""
+    prefixes = ("GRAFANA_", "GATEWAY_", "TRITON", "TRT_", "COMPOSE_", "DOCKER_", "HF_")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**clean, **(env or {})})  # fmt: skip
 
 
 def _bytes(size: str | int) -> int:
@@ -244,7 +246,13 @@ def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict
     assert gpu["services"]["locust-worker"]["environment"]["LOCUST_API_KEY_FILE"] == locust_key
     client_key = "/run/secrets/tritonstack/client-api-key"  # yours: `secrets show` prints it
     assert generated == {secret_file, key_file, client_key, probe_key, locust_key}
-    assert secrets["environment"]["GRAFANA_ADMIN_PASSWORD"] == ""  # empty: generate one
+    # Overrides come from files in secrets/, mounted read-only into this service alone: no
+    # variable carries a secret's value into any container's environment.
+    assert set(secrets["environment"]) == {"TRITONSTACK_SECRETS", "TRITONSTACK_KEY_MAP"}
+    overrides = f"{ROOT / 'secrets'}:/run/tritonstack-overrides:ro"  # compose config's paths
+    assert [n for n, s in gpu["services"].items() if overrides in s.get("volumes", [])] == [
+        "secrets"
+    ]
     private = "secrets:/run/secrets/tritonstack:ro"  # the admin key, Grafana's password
     callers = "client-keys:/run/secrets/tritonstack-clients:ro"  # the probe's and Locust's keys
     mounts = {name: s.get("volumes", []) for name, s in gpu["services"].items()}
@@ -292,7 +300,12 @@ def test_secrets_are_generated_once_private_and_printed_by_one_command(tmp_path:
     mode 0400 owned by the reading service's uid (when run as root, as in compose), directory
     not listable, unchanged on every later start, overridable, and `show` prints them."""
     folder = tmp_path / "run" / "secrets"
-    spec = f"{folder}/grafana-admin-password:472:GRAFANA_ADMIN_PASSWORD {folder}/admin-key:1000"
+    mine = tmp_path / "checkout-secrets"  # the checkout's secrets/ folder
+    mine.mkdir()
+    spec = (
+        f"{folder}/grafana-admin-password:472:{mine}/grafana-admin-password "
+        f"{folder}/admin-key:1000:{mine}/admin-key"
+    )
     first = secrets_run(spec, "generate")
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines() == [
@@ -314,15 +327,19 @@ def test_secrets_are_generated_once_private_and_printed_by_one_command(tmp_path:
     assert again.returncode == 0, again.stderr
     assert "generated" not in again.stdout
     assert {n: (folder / n).read_text() for n in values} == values  # idempotent
-    override = secrets_run(spec, "generate", env={"GRAFANA_ADMIN_PASSWORD": "from .env"})
-    assert "grafana-admin-password set from GRAFANA_ADMIN_PASSWORD" in override.stdout
-    assert (folder / "grafana-admin-password").read_text() == "from .env"
+    (mine / "grafana-admin-password").write_text("my own\n")  # as `echo` writes it
+    override = secrets_run(spec, "generate")
+    assert "grafana-admin-password set from your secrets/grafana-admin-password" in override.stdout
+    assert (folder / "grafana-admin-password").read_text() == "my own"
     assert (folder / "admin-key").read_text() == values["admin-key"]
+    assert "my own" not in override.stdout + override.stderr
     shown = secrets_run(spec, "show")
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout == f"grafana-admin-password: from .env\nadmin-key: {values['admin-key']}\n"
+    assert shown.stdout == f"grafana-admin-password: my own\nadmin-key: {values['admin-key']}\n"
     bad = secrets_run(f"{folder}/x:notauid", "generate")
-    assert bad.returncode == 2 and "expected <file>:<uid>[:<VARIABLE>]" in bad.stderr
+    assert bad.returncode == 2 and "expected <file>:<uid>[:<override file>]" in bad.stderr
+    relative = secrets_run(f"{folder}/x:0:secrets/x", "generate")
+    assert relative.returncode == 2, relative.stdout
 
 
 def test_locally_built_images_are_never_pulled(gpu: dict) -> None:
