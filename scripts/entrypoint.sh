@@ -64,6 +64,8 @@ METRICS_PORT=${TRITON_METRICS_PORT:-8002}
 ADMIN_KEY_FILE=${TRITONSTACK_ADMIN_KEY_FILE:-$CACHE/admin-key}
 RESTRICTED_APIS="model-repository,shared-memory,statistics,trace,logging"
 ADMIN_HEADER=tritonstack-admin-key
+ADMIN_APIS=${TRITONSTACK_ADMIN_APIS-model-repository,statistics}
+SHUT_HEADER=tritonstack-shut-key
 WATCHDOG=${TRITONSTACK_WATCHDOG:-on}
 WATCHDOG_INTERVAL=${TRITONSTACK_WATCHDOG_INTERVAL:-5}
 WATCHDOG_FAILURES=${TRITONSTACK_WATCHDOG_FAILURES:-3}
@@ -472,11 +474,27 @@ admin_key() {
   fi
   cat "$ADMIN_KEY_FILE"
 }
-key=$(admin_key)
-args+=(
-  --http-restricted-api="$RESTRICTED_APIS:$ADMIN_HEADER=$key"
-  --grpc-restricted-protocol="$RESTRICTED_APIS:$ADMIN_HEADER=$key"
-)
+# The admin key unlocks ADMIN_APIS (what the stack's tools call); every other restricted API is
+# shut: behind a key drawn now and kept nowhere but tritonserver's command line.
+shut=''
+IFS=, read -ra restricted <<<"$RESTRICTED_APIS"
+for api in "${restricted[@]}"; do
+  [[ ,$ADMIN_APIS, == *,"$api",* ]] || shut+=${shut:+,}$api
+done
+if [[ -n $ADMIN_APIS ]]; then
+  key=$(admin_key)
+  args+=(
+    --http-restricted-api="$ADMIN_APIS:$ADMIN_HEADER=$key"
+    --grpc-restricted-protocol="$ADMIN_APIS:$ADMIN_HEADER=$key"
+  )
+fi
+if [[ -n $shut ]]; then
+  shut_key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  args+=(
+    --http-restricted-api="$shut:$SHUT_HEADER=$shut_key"
+    --grpc-restricted-protocol="$shut:$SHUT_HEADER=$shut_key"
+  )
+fi
 
 # --- watchdog: "ready" does not prove answers; a real inference does ----------------------------
 # Armed by the first successful probe (models have loaded), it sends SIGTERM to tritonserver after
@@ -539,5 +557,6 @@ if [[ $WATCHDOG == on ]]; then
   watchdog $$ &
 fi
 
-log "exec tritonserver ${args[*]//$ADMIN_HEADER=*/$ADMIN_HEADER=<secret>} $*"
+shown=("${args[@]//$ADMIN_HEADER=*/$ADMIN_HEADER=<secret>}")
+log "exec tritonserver ${shown[*]//$SHUT_HEADER=*/$SHUT_HEADER=<secret>} $*"
 exec tritonserver "${args[@]}" "$@"

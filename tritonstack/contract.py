@@ -25,9 +25,16 @@ GATEWAY_METRICS_PORT = 8404
 LOCUST_WEB_PORT = 8089
 LOCUST_METRICS_PORT = 9646
 
-#: Header that unlocks the restricted APIs, and the API groups it guards (Triton's names).
+#: Header that unlocks the restricted APIs, and the API groups Triton restricts (its names).
 ADMIN_HEADER = "tritonstack-admin-key"
 RESTRICTED_APIS = "model-repository,shared-memory,statistics,trace,logging"
+#: The groups the admin key unlocks unless $ADMIN_APIS_ENV names others: what the stack's own
+#: tools call (`top`: statistics and the repository index; the health check: the index;
+#: perf-analyzer: statistics). Every other group is shut: restricted under SHUT_HEADER with a
+#: key drawn at each start and kept nowhere but the server's command line.
+ADMIN_APIS = "model-repository,statistics"
+ADMIN_APIS_ENV = "TRITONSTACK_ADMIN_APIS"
+SHUT_HEADER = "tritonstack-shut-key"
 
 #: The LLM beside the models: its model name, and the model repository folder that holds it
 #: (its own, so the models' repository never needs vLLM).

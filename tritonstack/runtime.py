@@ -33,12 +33,15 @@ import psutil
 
 from tritonstack import processes
 from tritonstack.contract import (
+    ADMIN_APIS,
+    ADMIN_APIS_ENV,
     ADMIN_HEADER,
     GRPC_PORT,
     HTTP_PORT,
     LOOPBACK,
     METRICS_PORT,
     RESTRICTED_APIS,
+    SHUT_HEADER,
 )
 from tritonstack.errors import UserError
 from tritonstack.project import project_dir
@@ -102,6 +105,31 @@ def load_admin_key() -> str:
         finally:
             draft.unlink()
     return path.read_text().strip()
+
+
+def restricted_flags(admin_key: str, admin_apis: str | None = None) -> list[str]:
+    """Triton's restricted-API flags, HTTP and gRPC: the admin APIs (`admin_apis`, default
+    $TRITONSTACK_ADMIN_APIS or contract.ADMIN_APIS) behind the admin key, every other restricted
+    API behind a key drawn now and kept nowhere, so that nothing the stack runs or stores can
+    call it."""
+    wanted = os.environ.get(ADMIN_APIS_ENV, ADMIN_APIS) if admin_apis is None else admin_apis
+    known = RESTRICTED_APIS.split(",")
+    admin = [api.strip() for api in wanted.split(",") if api.strip()]
+    unknown = [api for api in admin if api not in known]
+    if unknown:
+        raise UserError(
+            f"{ADMIN_APIS_ENV}={wanted}: {unknown[0]} is not an API Triton restricts (those: "
+            f"{RESTRICTED_APIS})"
+        )
+    shut = [api for api in known if api not in admin]
+    groups = [f"{','.join(admin)}:{ADMIN_HEADER}={admin_key}"] if admin else []
+    if shut:
+        groups.append(f"{','.join(shut)}:{SHUT_HEADER}={secrets.token_hex(24)}")
+    return [
+        f"--{flag}={group}"
+        for group in groups
+        for flag in ("http-restricted-api", "grpc-restricted-protocol")
+    ]
 
 
 def default_cache_dir() -> Path:
@@ -210,8 +238,7 @@ class EmbeddedTriton(processes.Endpoints):
             f"--metrics-address={self.address}",
             f"--metrics-port={self.metrics_port}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
+            *restricted_flags(self.admin_key),
             *self.extra_args,
         ]
 

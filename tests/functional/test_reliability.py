@@ -27,7 +27,8 @@ from tests.functional.test_serve import segments_of, shm_prefix, start_serve, wa
 from tests.support import REPOSITORY, wait_routed
 from tritonstack.client import ClosedLoop, infer
 from tritonstack.contract import ADMIN_HEADER
-from tritonstack.runtime import STUB_EXECUTABLE, stub_instance
+from tritonstack.ports import free_ports
+from tritonstack.runtime import STUB_EXECUTABLE, EmbeddedTriton, stub_instance
 
 
 class Output(threading.Thread):
@@ -167,30 +168,61 @@ def test_upstream_pin_2_51_bad_alloc_abort_is_survived(supervised):
     assert infer(url, "classify", np.zeros((1, 128), np.float32))["score"].shape == (1, 1)
 
 
+#: Each restricted API group's call, and whether the admin key opens it by default (what the
+#: stack's tools call: contract.ADMIN_APIS) or it stays shut.
 RESTRICTED = [
-    ("POST", "/v2/repository/index", ""),
-    ("GET", "/v2/models/classifier/stats", None),
-    ("GET", "/v2/logging", None),
-    ("GET", "/v2/trace/setting", None),
-    ("GET", "/v2/systemsharedmemory/status", None),
+    ("POST", "/v2/repository/index", "", True),
+    ("GET", "/v2/models/classifier/stats", None, True),
+    ("GET", "/v2/logging", None, False),
+    ("GET", "/v2/trace/setting", None, False),
+    ("GET", "/v2/systemsharedmemory/status", None, False),
 ]
 
 
-@pytest.mark.parametrize(("method", "path", "body"), RESTRICTED, ids=[r[1] for r in RESTRICTED])
-def test_admin_apis_need_the_secret_header(triton, method, path, body):
-    host, port = triton.http_url.split(":")
+def status_of(url: str, method: str, path: str, body, headers) -> int:
+    host, port = url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request(method, path, body=body, headers=headers)
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response.status
 
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "opened"), RESTRICTED, ids=[r[1] for r in RESTRICTED]
+)
+def test_admin_apis_need_the_secret_header_and_the_rest_stay_shut(
+    triton, method, path, body, opened
+):
     def call(headers):
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
-        connection.request(method, path, body=body, headers=headers)
-        response = connection.getresponse()
-        response.read()
-        connection.close()
-        return response.status
+        return status_of(triton.http_url, method, path, body, headers)
 
     assert call({}) == 403
     assert call({ADMIN_HEADER: "wrong"}) == 403
-    assert call(triton.admin_headers) == 200
+    assert call(triton.admin_headers) == (200 if opened else 403)
+
+
+def test_asking_for_a_restricted_api_opens_it_with_the_admin_key(tmp_path, monkeypatch):
+    """TRITONSTACK_ADMIN_APIS names the groups the admin key opens; the others stay shut, the
+    default ones included when left out."""
+    from tritonstack.contract import ADMIN_APIS_ENV
+
+    monkeypatch.setenv(ADMIN_APIS_ENV, "statistics,trace")
+    empty = tmp_path / "repository"
+    empty.mkdir()
+    with EmbeddedTriton(empty, *free_ports(3), exit_timeout_secs=2) as server:
+        opened = {
+            path: status_of(server.http_url, method, path, body, server.admin_headers)
+            for method, path, body, _ in RESTRICTED
+            if "classifier" not in path  # the empty repository has no model
+        }
+    assert opened == {
+        "/v2/repository/index": 403,
+        "/v2/logging": 403,
+        "/v2/trace/setting": 200,
+        "/v2/systemsharedmemory/status": 403,
+    }
 
 
 def test_inference_and_health_stay_open(triton):

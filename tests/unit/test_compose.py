@@ -755,8 +755,27 @@ def run_llm_command(gpu: dict, tmp_path: Path, **env: str) -> list[str]:
 
 
 def restricted(key: str) -> list[str]:
-    api = f"{contract.RESTRICTED_APIS}:{contract.ADMIN_HEADER}={key}"
+    """The admin APIs behind `key`."""
+    api = f"{contract.ADMIN_APIS}:{contract.ADMIN_HEADER}={key}"
     return [f"--http-restricted-api={api}", f"--grpc-restricted-protocol={api}"]
+
+
+def shut_key(argv: list[str]) -> str:
+    """The key the last two flags shut every other restricted API behind (drawn at each start),
+    after checking that they do."""
+    shut = ",".join(
+        api
+        for api in contract.RESTRICTED_APIS.split(",")
+        if api not in contract.ADMIN_APIS.split(",")
+    )
+    http, grpc = argv[-2:]
+    prefix = f"--http-restricted-api={shut}:{contract.SHUT_HEADER}="
+    assert http.startswith(prefix) and grpc == http.replace(
+        "http-restricted-api", "grpc-restricted-protocol"
+    )
+    key = http.removeprefix(prefix)
+    assert re.fullmatch(r"[0-9a-f]{48}", key), key
+    return key
 
 
 def test_llm_command_passes_the_shared_flags_and_the_admin_key(gpu: dict, tmp_path: Path) -> None:
@@ -782,7 +801,9 @@ def test_llm_command_passes_the_shared_flags_and_the_admin_key(gpu: dict, tmp_pa
         f"--metrics-port={contract.METRICS_PORT}",
         "--allow-gpu-metrics=false",
         *restricted("k" * 48),
+        *argv[-2:],
     ]
+    shut_key(argv)
     # The key file is the one the secrets service writes for triton-llm's user.
     llm = gpu["services"]["triton-llm"]
     secrets = gpu["services"]["secrets"]["environment"]["TRITONSTACK_SECRETS"].split()
@@ -796,10 +817,21 @@ def test_llm_command_takes_a_key_from_the_environment_or_keeps_the_admin_apis_sh
     """Kubernetes gives the key as TRITONSTACK_ADMIN_KEY (from an optional Secret); with no key
     at all each start picks a random one, which nobody knows."""
     given = run_llm_command(gpu, tmp_path, TRITONSTACK_ADMIN_KEY="e" * 40)
-    assert given[-2:] == restricted("e" * 40)
-    first = run_llm_command(gpu, tmp_path)[-1].rsplit("=", 1)[1]
-    second = run_llm_command(gpu, tmp_path)[-1].rsplit("=", 1)[1]
+    assert given[-4:-2] == restricted("e" * 40)
+    first = run_llm_command(gpu, tmp_path)[-3].rsplit("=", 1)[1]
+    second = run_llm_command(gpu, tmp_path)[-3].rsplit("=", 1)[1]
     assert len(first) >= 32 and first != second
+    # The other restricted APIs: a new key at each start, as both runtimes draw it.
+    assert shut_key(given) != shut_key(run_llm_command(gpu, tmp_path))
+    # Asked for: every restricted API behind the admin key, none shut.
+    everything = run_llm_command(gpu, tmp_path, TRITONSTACK_ADMIN_KEY="e" * 40,
+                                 TRITONSTACK_ADMIN_APIS=contract.RESTRICTED_APIS)  # fmt: skip
+    api = f"{contract.RESTRICTED_APIS}:{contract.ADMIN_HEADER}={'e' * 40}"
+    assert everything[-2:] == [f"--http-restricted-api={api}", f"--grpc-restricted-protocol={api}"]
+    assert not any(contract.SHUT_HEADER in arg for arg in everything)
+    # Compose gives both servers the same setting, defaulting to the contract's.
+    for name in ("triton", "triton-llm"):
+        assert gpu["services"][name]["environment"]["TRITONSTACK_ADMIN_APIS"] == contract.ADMIN_APIS
 
 
 def test_llm_command_flags_are_ones_the_real_tritonserver_knows(gpu: dict, tmp_path: Path) -> None:

@@ -57,6 +57,13 @@ def test_entrypoint_defaults_are_the_contracts():
     }
     assert f'RESTRICTED_APIS="{contract.RESTRICTED_APIS}"' in text.splitlines()
     assert f"ADMIN_HEADER={contract.ADMIN_HEADER}" in text.splitlines()
+    assert f"ADMIN_APIS=${{{contract.ADMIN_APIS_ENV}-{contract.ADMIN_APIS}}}" in text.splitlines()
+    assert f"SHUT_HEADER={contract.SHUT_HEADER}" in text.splitlines()
+    # The LLM's start in compose (and its Kubernetes copy) says the same.
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert f"admin=$${{{contract.ADMIN_APIS_ENV}-{contract.ADMIN_APIS}}}" in compose
+    assert f"for api in {contract.RESTRICTED_APIS.replace(',', ' ')}; do" in compose
+    assert f"{contract.ADMIN_HEADER}=$$key" in compose and f"{contract.SHUT_HEADER}=" in compose
 
 
 def test_both_python_models_run_postprocesss_labels_reader():
@@ -125,3 +132,22 @@ def test_gateway_config_defaults_are_the_contracts():
         "LLM_HTTP_PORT": str(contract.HTTP_PORT),
         "LLM_GRPC_PORT": str(contract.GRPC_PORT),
     }
+
+
+def test_the_runtime_opens_the_admin_apis_and_shuts_the_rest(monkeypatch):
+    """The embedded runtime's restricted-API flags: the admin APIs behind the admin key, the
+    others behind a key drawn at each call; TRITONSTACK_ADMIN_APIS asks for others."""
+    from tritonstack.errors import UserError
+    from tritonstack.runtime import restricted_flags
+
+    monkeypatch.delenv(contract.ADMIN_APIS_ENV, raising=False)
+    first, second = restricted_flags("k"), restricted_flags("k")
+    admin = f"{contract.ADMIN_APIS}:{contract.ADMIN_HEADER}=k"
+    assert first[:2] == [f"--http-restricted-api={admin}", f"--grpc-restricted-protocol={admin}"]
+    assert first[2].startswith("--http-restricted-api=shared-memory,trace,logging:")
+    assert first[2].rsplit("=", 1)[1] == first[3].rsplit("=", 1)[1] != second[2].rsplit("=", 1)[1]
+    monkeypatch.setenv(contract.ADMIN_APIS_ENV, contract.RESTRICTED_APIS)
+    assert len(restricted_flags("k")) == 2  # asked for all: none shut
+    assert all(contract.SHUT_HEADER in flag for flag in restricted_flags("k", ""))
+    with pytest.raises(UserError, match="tracing is not an API Triton restricts"):
+        restricted_flags("k", "statistics,tracing")

@@ -124,7 +124,9 @@ def plan_dir(cache: Path, slug: str, key: str) -> Path:
     return cache / "plans" / "classifier_trt" / f"{slug}-{digest}"
 
 
-def expected_argv(view: Path, gpu: bool) -> list[str]:
+def expected_argv(view: Path, gpu: bool, argv: list[str]) -> list[str]:
+    """The flags the entrypoint passes, the shut APIs' key (drawn at each start) taken from
+    `argv` once its form is checked."""
     device = ["--allow-gpu-metrics=true", "--model-config-name=gpu"]
     return [
         f"--model-repository={view}",
@@ -138,15 +140,33 @@ def expected_argv(view: Path, gpu: bool) -> list[str]:
         "--metrics-port=8002",
         *(device if gpu else ["--allow-gpu-metrics=false"]),
         *restricted(ADMIN_KEY),
+        *shut(shut_key(argv)),
     ]
 
 
 def restricted(key: str) -> list[str]:
-    apis = "model-repository,shared-memory,statistics,trace,logging"
+    """The APIs the stack's tools call, behind the admin key (contract.ADMIN_APIS)."""
+    apis = "model-repository,statistics"
     return [
         f"--http-restricted-api={apis}:tritonstack-admin-key={key}",
         f"--grpc-restricted-protocol={apis}:tritonstack-admin-key={key}",
     ]
+
+
+def shut(key: str) -> list[str]:
+    """Every other restricted API, behind a key drawn at each start and kept nowhere."""
+    apis = "shared-memory,trace,logging"
+    return [
+        f"--http-restricted-api={apis}:tritonstack-shut-key={key}",
+        f"--grpc-restricted-protocol={apis}:tritonstack-shut-key={key}",
+    ]
+
+
+def shut_key(argv: list[str]) -> str:
+    found = [a.rsplit("=", 1)[1] for a in argv if "tritonstack-shut-key=" in a]
+    assert len(found) == 2 and found[0] == found[1], argv
+    assert len(found[0]) == 48 and set(found[0]) <= set("0123456789abcdef"), found[0]
+    return found[0]
 
 
 def test_gpu_builds_the_plan_and_serves_the_gpu_configuration(tmp_path: Path) -> None:
@@ -167,9 +187,9 @@ def test_gpu_builds_the_plan_and_serves_the_gpu_configuration(tmp_path: Path) ->
                 "--skipInference",
             ]
         ),
-        "tritonserver " + " ".join(expected_argv(run.view, gpu=True)),
+        "tritonserver " + " ".join(expected_argv(run.view, gpu=True, argv=run.argv)),
     ]
-    assert run.argv == expected_argv(run.view, gpu=True)
+    assert run.argv == expected_argv(run.view, gpu=True, argv=run.argv)
     # The key names GPU, compute capability, TensorRT version, model and build options.
     assert (plans / "key").read_text() == key + "\n"
     assert (plans / "model.plan").read_text().startswith(f"fake plan from {ONNX}")
@@ -208,7 +228,7 @@ def test_unchanged_key_reuses_the_plan(tmp_path: Path) -> None:
     assert second.tool_calls("trtexec") == ["trtexec --help"]  # version probe only, no build
     assert "reusing the cached plan" in second.output
     assert plan.resolve() == built and built.read_text() == content
-    assert second.argv == expected_argv(second.view, gpu=True)
+    assert second.argv == expected_argv(second.view, gpu=True, argv=second.argv)
 
 
 @pytest.mark.parametrize(
@@ -314,9 +334,9 @@ def test_cpu_host_skips_tensorrt(tmp_path: Path) -> None:
     assert run.calls == [
         "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader",
         "nvidia-smi -L",
-        "tritonserver " + " ".join(expected_argv(run.view, gpu=False)),
+        "tritonserver " + " ".join(expected_argv(run.view, gpu=False, argv=run.argv)),
     ]
-    assert run.argv == expected_argv(run.view, gpu=False)
+    assert run.argv == expected_argv(run.view, gpu=False, argv=run.argv)
     assert sorted(p.name for p in run.view.iterdir()) == [
         "classifier",
         "classify",
@@ -332,7 +352,7 @@ def test_cpu_host_skips_tensorrt(tmp_path: Path) -> None:
 def test_cpu_without_nvidia_smi(tmp_path: Path) -> None:
     run = run_entrypoint(tmp_path, nvidia_smi=False)
     assert run.returncode == 0, run.output
-    assert run.argv == expected_argv(run.view, gpu=False)
+    assert run.argv == expected_argv(run.view, gpu=False, argv=run.argv)
     assert "no nvidia-smi in the container" in run.output
 
 
@@ -342,7 +362,7 @@ def test_forced_cpu_ignores_a_visible_gpu(tmp_path: Path) -> None:
     run = run_entrypoint(tmp_path, A10G, env={"TRITONSTACK_DEVICE": "cpu"})
     assert run.returncode == 0, run.output
     assert run.tool_calls("nvidia-smi") == [] and run.tool_calls("trtexec") == []
-    assert run.argv == expected_argv(run.view, gpu=False)
+    assert run.argv == expected_argv(run.view, gpu=False, argv=run.argv)
 
 
 def test_forced_gpu_without_gpu_fails_with_the_cpu_command(tmp_path: Path) -> None:
@@ -419,10 +439,13 @@ def test_admin_key_is_generated_once_private_and_never_logged(tmp_path: Path) ->
     assert first.returncode == 0, first.output
     assert len(key) >= 32
     assert key_file.stat().st_mode & 0o777 == 0o600
-    assert first.argv[-2:] == restricted(key)
+    assert first.argv[-4:-2] == restricted(key)
     assert key not in first.output and "tritonstack-admin-key=<secret>" in first.output
+    assert shut_key(first.argv) not in first.output
+    assert "tritonstack-shut-key=<secret>" in first.output
     second = run_entrypoint(tmp_path, env=env)
-    assert second.argv[-2:] == restricted(key)  # stable across restarts of the container
+    assert second.argv[-4:-2] == restricted(key)  # stable across restarts of the container
+    assert shut_key(second.argv) != shut_key(first.argv)  # drawn anew: kept nowhere
 
 
 def watchdog_run(tmp_path: Path, probe_script: str) -> Run:
