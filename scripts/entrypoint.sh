@@ -64,7 +64,7 @@ METRICS_PORT=${TRITON_METRICS_PORT:-8002}
 ADMIN_KEY_FILE=${TRITONSTACK_ADMIN_KEY_FILE:-$CACHE/admin-key}
 RESTRICTED_APIS="model-repository,shared-memory,statistics,trace,logging"
 ADMIN_HEADER=tritonstack-admin-key
-ADMIN_APIS=${TRITONSTACK_ADMIN_APIS-model-repository,statistics}
+ADMIN_APIS="model-repository,statistics"
 SHUT_HEADER=tritonstack-shut-key
 WATCHDOG=${TRITONSTACK_WATCHDOG:-on}
 WATCHDOG_INTERVAL=${TRITONSTACK_WATCHDOG_INTERVAL:-5}
@@ -474,20 +474,24 @@ admin_key() {
   fi
   cat "$ADMIN_KEY_FILE"
 }
-# The admin key unlocks ADMIN_APIS (what the stack's tools call); every other restricted API is
-# shut: behind a key drawn now and kept nowhere but tritonserver's command line.
-shut=''
+# The admin key opens ADMIN_APIS (what the stack's tools call) and those TRITONSTACK_ADMIN_APIS
+# asks for; every other restricted API is shut: behind a key drawn now and kept nowhere but
+# tritonserver's command line.
+wanted=,$ADMIN_APIS,${TRITONSTACK_ADMIN_APIS:-},
+admin='' shut=''
 IFS=, read -ra restricted <<<"$RESTRICTED_APIS"
 for api in "${restricted[@]}"; do
-  [[ ,$ADMIN_APIS, == *,"$api",* ]] || shut+=${shut:+,}$api
+  if [[ $wanted == *,"$api",* ]]; then
+    admin+=${admin:+,}$api
+  else
+    shut+=${shut:+,}$api
+  fi
 done
-if [[ -n $ADMIN_APIS ]]; then
-  key=$(admin_key)
-  args+=(
-    --http-restricted-api="$ADMIN_APIS:$ADMIN_HEADER=$key"
-    --grpc-restricted-protocol="$ADMIN_APIS:$ADMIN_HEADER=$key"
-  )
-fi
+key=$(admin_key)
+args+=(
+  --http-restricted-api="$admin:$ADMIN_HEADER=$key"
+  --grpc-restricted-protocol="$admin:$ADMIN_HEADER=$key"
+)
 if [[ -n $shut ]]; then
   shut_key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
   args+=(

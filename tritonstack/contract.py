@@ -28,10 +28,10 @@ LOCUST_METRICS_PORT = 9646
 #: Header that unlocks the restricted APIs, and the API groups Triton restricts (its names).
 ADMIN_HEADER = "tritonstack-admin-key"
 RESTRICTED_APIS = "model-repository,shared-memory,statistics,trace,logging"
-#: The groups the admin key unlocks unless $ADMIN_APIS_ENV names others: what the stack's own
-#: tools call (`top`: statistics and the repository index; the health check: the index;
-#: perf-analyzer: statistics). Every other group is shut: restricted under SHUT_HEADER with a
-#: key drawn at each start and kept nowhere but the server's command line.
+#: The groups the admin key opens: what the stack's own tools call (the embedded runtime's
+#: readiness, the health check and `top`: the repository index; `top` and perf-analyzer:
+#: statistics), and any $ADMIN_APIS_ENV asks for besides. Every other group is shut: restricted
+#: under SHUT_HEADER with a key drawn at each start and kept nowhere but the server's command line.
 ADMIN_APIS = "model-repository,statistics"
 ADMIN_APIS_ENV = "TRITONSTACK_ADMIN_APIS"
 SHUT_HEADER = "tritonstack-shut-key"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritonstack.errors import UserError
@@ -74,11 +74,16 @@ class Model:
         }
         outputs = [{"name": o.name, "label_filename": o.label_filename} for o in config.output]
         parameters = {k: {"string_value": v.string_value} for k, v in config.parameters.items()}
-        return metadata, {
+        described = {
             "max_batch_size": config.max_batch_size,
             "output": outputs,
             "parameters": parameters,
         }
+        if config.HasField("sequence_batching"):  # its requests carry a sequence ID
+            described["sequence_batching"] = json_format.MessageToDict(
+                config.sequence_batching, preserving_proto_field_name=True
+            )
+        return metadata, described
 
     def parameter(self, key: str) -> str | None:
         value = self.config.parameters.get(key)

@@ -107,21 +107,22 @@ def load_admin_key() -> str:
     return path.read_text().strip()
 
 
-def restricted_flags(admin_key: str, admin_apis: str | None = None) -> list[str]:
-    """Triton's restricted-API flags, HTTP and gRPC: the admin APIs (`admin_apis`, default
-    $TRITONSTACK_ADMIN_APIS or contract.ADMIN_APIS) behind the admin key, every other restricted
+def restricted_flags(admin_key: str, asked: str | None = None) -> list[str]:
+    """Triton's restricted-API flags, HTTP and gRPC: the admin APIs (contract.ADMIN_APIS, and
+    those `asked`, default $TRITONSTACK_ADMIN_APIS) behind the admin key, every other restricted
     API behind a key drawn now and kept nowhere, so that nothing the stack runs or stores can
     call it."""
-    wanted = os.environ.get(ADMIN_APIS_ENV, ADMIN_APIS) if admin_apis is None else admin_apis
+    asked = os.environ.get(ADMIN_APIS_ENV, "") if asked is None else asked
     known = RESTRICTED_APIS.split(",")
-    admin = [api.strip() for api in wanted.split(",") if api.strip()]
-    unknown = [api for api in admin if api not in known]
+    wanted = {*ADMIN_APIS.split(","), *(api.strip() for api in asked.split(",") if api.strip())}
+    unknown = sorted(wanted - set(known))
     if unknown:
         raise UserError(
-            f"{ADMIN_APIS_ENV}={wanted}: {unknown[0]} is not an API Triton restricts (those: "
+            f"{ADMIN_APIS_ENV}={asked}: {unknown[0]} is not an API Triton restricts (those: "
             f"{RESTRICTED_APIS})"
         )
-    shut = [api for api in known if api not in admin]
+    admin = [api for api in known if api in wanted]
+    shut = [api for api in known if api not in wanted]
     groups = [f"{','.join(admin)}:{ADMIN_HEADER}={admin_key}"] if admin else []
     if shut:
         groups.append(f"{','.join(shut)}:{SHUT_HEADER}={secrets.token_hex(24)}")

@@ -825,13 +825,13 @@ def test_llm_command_takes_a_key_from_the_environment_or_keeps_the_admin_apis_sh
     assert shut_key(given) != shut_key(run_llm_command(gpu, tmp_path))
     # Asked for: every restricted API behind the admin key, none shut.
     everything = run_llm_command(gpu, tmp_path, TRITONSTACK_ADMIN_KEY="e" * 40,
-                                 TRITONSTACK_ADMIN_APIS=contract.RESTRICTED_APIS)  # fmt: skip
+                                 TRITONSTACK_ADMIN_APIS="trace,shared-memory,logging")  # fmt: skip
     api = f"{contract.RESTRICTED_APIS}:{contract.ADMIN_HEADER}={'e' * 40}"
     assert everything[-2:] == [f"--http-restricted-api={api}", f"--grpc-restricted-protocol={api}"]
     assert not any(contract.SHUT_HEADER in arg for arg in everything)
-    # Compose gives both servers the same setting, defaulting to the contract's.
+    # Compose gives both servers the same setting from .env, nothing more asked by default.
     for name in ("triton", "triton-llm"):
-        assert gpu["services"][name]["environment"]["TRITONSTACK_ADMIN_APIS"] == contract.ADMIN_APIS
+        assert gpu["services"][name]["environment"]["TRITONSTACK_ADMIN_APIS"] == ""
 
 
 def test_llm_command_flags_are_ones_the_real_tritonserver_knows(gpu: dict, tmp_path: Path) -> None:

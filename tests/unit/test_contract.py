@@ -57,11 +57,12 @@ def test_entrypoint_defaults_are_the_contracts():
     }
     assert f'RESTRICTED_APIS="{contract.RESTRICTED_APIS}"' in text.splitlines()
     assert f"ADMIN_HEADER={contract.ADMIN_HEADER}" in text.splitlines()
-    assert f"ADMIN_APIS=${{{contract.ADMIN_APIS_ENV}-{contract.ADMIN_APIS}}}" in text.splitlines()
+    assert f'ADMIN_APIS="{contract.ADMIN_APIS}"' in text.splitlines()
+    assert f"wanted=,$ADMIN_APIS,${{{contract.ADMIN_APIS_ENV}:-}}," in text.splitlines()
     assert f"SHUT_HEADER={contract.SHUT_HEADER}" in text.splitlines()
     # The LLM's start in compose (and its Kubernetes copy) says the same.
     compose = (ROOT / "docker-compose.yml").read_text()
-    assert f"admin=$${{{contract.ADMIN_APIS_ENV}-{contract.ADMIN_APIS}}}" in compose
+    assert f"wanted=,{contract.ADMIN_APIS},$${{{contract.ADMIN_APIS_ENV}:-}}," in compose
     assert f"for api in {contract.RESTRICTED_APIS.replace(',', ' ')}; do" in compose
     assert f"{contract.ADMIN_HEADER}=$$key" in compose and f"{contract.SHUT_HEADER}=" in compose
 
@@ -136,7 +137,7 @@ def test_gateway_config_defaults_are_the_contracts():
 
 def test_the_runtime_opens_the_admin_apis_and_shuts_the_rest(monkeypatch):
     """The embedded runtime's restricted-API flags: the admin APIs behind the admin key, the
-    others behind a key drawn at each call; TRITONSTACK_ADMIN_APIS asks for others."""
+    others behind a key drawn at each call; TRITONSTACK_ADMIN_APIS asks for more."""
     from tritonstack.errors import UserError
     from tritonstack.runtime import restricted_flags
 
@@ -146,8 +147,14 @@ def test_the_runtime_opens_the_admin_apis_and_shuts_the_rest(monkeypatch):
     assert first[:2] == [f"--http-restricted-api={admin}", f"--grpc-restricted-protocol={admin}"]
     assert first[2].startswith("--http-restricted-api=shared-memory,trace,logging:")
     assert first[2].rsplit("=", 1)[1] == first[3].rsplit("=", 1)[1] != second[2].rsplit("=", 1)[1]
-    monkeypatch.setenv(contract.ADMIN_APIS_ENV, contract.RESTRICTED_APIS)
-    assert len(restricted_flags("k")) == 2  # asked for all: none shut
-    assert all(contract.SHUT_HEADER in flag for flag in restricted_flags("k", ""))
+    monkeypatch.setenv(contract.ADMIN_APIS_ENV, "shared-memory,trace,logging")
+    everything = f"{contract.RESTRICTED_APIS}:{contract.ADMIN_HEADER}=k"
+    assert restricted_flags("k") == [  # asked for all: none shut
+        f"--http-restricted-api={everything}", f"--grpc-restricted-protocol={everything}"
+    ]  # fmt: skip
+    trace = restricted_flags("k", "trace")  # asked for one: the stack's own stay open
+    opened = f"model-repository,statistics,trace:{contract.ADMIN_HEADER}=k"
+    assert trace[0] == f"--http-restricted-api={opened}"
+    assert trace[2].startswith("--http-restricted-api=shared-memory,logging:")
     with pytest.raises(UserError, match="tracing is not an API Triton restricts"):
         restricted_flags("k", "statistics,tracing")

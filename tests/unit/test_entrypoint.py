@@ -593,3 +593,17 @@ def test_a_public_model_the_image_lacks_stops_the_start_saying_to_rebuild(tmp_pa
     assert "docker compose up -d --build" in run.output
     served = run_entrypoint(tmp_path, nvidia_smi=False, env={"PUBLIC_MODELS": "pipeline classify"})
     assert served.returncode == 0, served.output
+
+
+def test_asked_restricted_apis_open_with_the_admin_key_and_the_rest_stay_shut(tmp_path: Path):
+    run = run_entrypoint(tmp_path, env={"TRITONSTACK_ADMIN_APIS": "logging,trace"})
+    assert run.returncode == 0, run.output
+    opened = f"model-repository,statistics,trace,logging:tritonstack-admin-key={ADMIN_KEY}"
+    assert run.argv[-4:-2] == [
+        f"--http-restricted-api={opened}", f"--grpc-restricted-protocol={opened}"
+    ]  # fmt: skip
+    key = run.argv[-1].rsplit("=", 1)[1]
+    assert run.argv[-2:] == [
+        f"--http-restricted-api=shared-memory:tritonstack-shut-key={key}",
+        f"--grpc-restricted-protocol=shared-memory:tritonstack-shut-key={key}",
+    ]
