@@ -461,18 +461,25 @@ else
 fi
 
 # --- admin APIs behind a secret header (docs/security.md) ----------------------------------------
-# TRITONSTACK_ADMIN_KEY, else the key file in the cache volume, generated on first start (0600).
+# TRITONSTACK_ADMIN_KEY, else the key file (compose's secrets volume, a Kubernetes Secret
+# mounted read-only), else one generated on first start (0600): in the key file's place when
+# it can be written there, in the cache volume when not (an optional Secret that does not exist).
+new_key() {
+  mkdir -p "$(dirname "$1")" 2>/dev/null &&
+    (umask 077 && head -c 32 /dev/urandom | base64 | tr -d '/+=\n' >"$1") 2>/dev/null &&
+    log "generated the admin key in $1"
+}
 admin_key() {
   if [[ -n ${TRITONSTACK_ADMIN_KEY:-} ]]; then
     printf '%s\n' "$TRITONSTACK_ADMIN_KEY"
     return
   fi
-  if [[ ! -s $ADMIN_KEY_FILE ]]; then
-    mkdir -p "$(dirname "$ADMIN_KEY_FILE")"
-    (umask 077 && head -c 32 /dev/urandom | base64 | tr -d '/+=\n' >"$ADMIN_KEY_FILE")
-    log "generated the admin key in $ADMIN_KEY_FILE"
+  local file=$ADMIN_KEY_FILE
+  if [[ ! -s $file ]] && ! new_key "$file"; then
+    file=$CACHE/admin-key
+    [[ -s $file ]] || new_key "$file" || die "cannot write the admin key to $file"
   fi
-  cat "$ADMIN_KEY_FILE"
+  cat "$file"
 }
 # The admin key opens ADMIN_APIS (what the stack's tools call) and those TRITONSTACK_ADMIN_APIS
 # asks for; every other restricted API is shut: behind a key drawn now and kept nowhere but

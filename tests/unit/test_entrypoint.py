@@ -448,6 +448,26 @@ def test_admin_key_is_generated_once_private_and_never_logged(tmp_path: Path) ->
     assert shut_key(second.argv) != shut_key(first.argv)  # drawn anew: kept nowhere
 
 
+def test_a_key_file_that_cannot_be_written_falls_back_to_the_cache(tmp_path: Path) -> None:
+    """Kubernetes mounts the optional admin Secret read-only where TRITONSTACK_ADMIN_KEY_FILE
+    points: its key when the Secret exists, else a key generated into the cache volume (here the
+    key file's folder is a regular file, which nobody, root included, can write into)."""
+    blocked = tmp_path / "secret-volume"
+    blocked.write_text("")
+    env = {"TRITONSTACK_ADMIN_KEY": "", "TRITONSTACK_ADMIN_KEY_FILE": str(blocked / "key")}
+    first = run_entrypoint(tmp_path, env=env)
+    assert first.returncode == 0, first.output
+    key = (tmp_path / "cache" / "admin-key").read_text().strip()
+    assert len(key) >= 32 and first.argv[-4:-2] == restricted(key)
+    assert f"generated the admin key in {tmp_path / 'cache' / 'admin-key'}" in first.output
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    (mounted / "key").write_text("from-the-secret")
+    env["TRITONSTACK_ADMIN_KEY_FILE"] = str(mounted / "key")
+    second = run_entrypoint(tmp_path, env=env)
+    assert second.argv[-4:-2] == restricted("from-the-secret")
+
+
 def watchdog_run(tmp_path: Path, probe_script: str) -> Run:
     probe = tmp_path / "probe.sh"
     probe.write_text(probe_script)

@@ -792,12 +792,38 @@ def test_llm_runs_compose_s_image_command_and_environment(rendered, overlay, com
         if name not in elsewhere:
             default = re.fullmatch(r"\$\{\w+:-(.*)\}", str(value))  # compose: from .env, else
             assert variables[name].get("value") == (default[1] if default else value), name
-    for name, secret in (("TRITONSTACK_ADMIN_KEY", "tritonstack-admin"), ("HF_TOKEN", "hf-token")):
-        reference = variables[name]["valueFrom"]["secretKeyRef"]
-        assert reference["name"] == secret and reference["optional"] is True, name
-    # The admin key's Secret is base triton.yaml's.
-    base = {e["name"]: e for e in container(rendered[(overlay, components)], "triton")["env"]}
-    assert variables["TRITONSTACK_ADMIN_KEY"] == base["TRITONSTACK_ADMIN_KEY"]
+    reference = variables["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert reference["name"] == "hf-token" and reference["optional"] is True
+    # The admin key's Secret is base triton.yaml's, and both read it as a file.
+    triton = container(rendered[(overlay, components)], "triton")
+    base = {e["name"]: e for e in triton["env"]}
+    assert variables["TRITONSTACK_ADMIN_KEY_FILE"] == base["TRITONSTACK_ADMIN_KEY_FILE"]
+
+
+def test_the_admin_key_reaches_each_server_as_a_file_never_as_a_variable(rendered) -> None:
+    """The optional `tritonstack-admin` Secret, mounted read-only where TRITONSTACK_ADMIN_KEY_FILE
+    points, readable by the pod's group (fsGroup, the server's) alone; no container's environment
+    holds a value from it (a container runtime's inspect shows the environment)."""
+    readers = set()
+    for (overlay, _components), objects in rendered.items():
+        for deployment in (o for o in objects if o["kind"] == "Deployment"):
+            pod = deployment["spec"]["template"]["spec"]
+            volumes = {v["name"]: v for v in pod.get("volumes", [])}
+            for each in pod["containers"]:
+                for variable in each.get("env", []):
+                    secret = variable.get("valueFrom", {}).get("secretKeyRef", {})
+                    assert secret.get("name") != "tritonstack-admin", (overlay, each["name"])
+                named = {v["name"]: v.get("value") for v in each.get("env", [])}
+                if "TRITONSTACK_ADMIN_KEY_FILE" not in named:
+                    continue
+                readers.add(deployment["metadata"]["name"])
+                mount = next(m for m in each["volumeMounts"] if m["name"] == "admin-key")
+                assert named["TRITONSTACK_ADMIN_KEY_FILE"] == f"{mount['mountPath']}/key"
+                assert mount["readOnly"] is True
+                secret = volumes["admin-key"]["secret"]
+                assert secret["secretName"] == "tritonstack-admin" and secret["optional"] is True
+                assert secret["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 1000
+    assert readers == {"triton", "triton-llm"}
 
 
 def test_llm_component_s_image_is_pinned_only_for_its_own_deployment(rendered) -> None:
