@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from tritonstack import generated_files, health
+from tritonstack.contract import HTTP_PORT
 from tritonstack.errors import UserError
 from tritonstack.limits import Limits, limits
 from tritonstack.project import project_dir
@@ -30,7 +31,7 @@ from tritonstack.settings import load
 from tritonstack.yamlfiles import dump
 
 #: Where compose's deep probe finds the gateway and where blackbox_exporter finds its key.
-PROBED_GATEWAY = "gateway:8000"
+PROBED_GATEWAY = f"gateway:{HTTP_PORT}"
 PROBE_KEY_FILE = "/run/secrets/tritonstack-clients/deep-probe-api-key"
 PROBE_TIMEOUT = "4s"
 
