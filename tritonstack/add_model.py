@@ -35,11 +35,12 @@ import numpy as np
 from tritonstack import onnx_serving
 from tritonstack.config_text import render
 from tritonstack.errors import UserError
+from tritonstack.launcher.tensorrt import ENGINE_LINKS
 from tritonstack.onnx_serving import DEFAULT_MAX_STRING_BYTES, Plan
 
 LABELS_FILE = "labels.txt"
 #: The TensorRT variant's name: the container's entrypoint builds a plan for `<name>_trt` from
-#: `<name>/1/model.onnx` (scripts/entrypoint.sh).
+#: `<name>/1/model.onnx` (tritonstack.launcher.tensorrt).
 TRT_SUFFIX = "_trt"
 #: trtexec's --minShapes/--optShapes/--maxShapes for the plan variant, one parameter each: the
 #: entrypoint passes them as they are (names quoted, so any name but one with a quote works).
@@ -164,7 +165,7 @@ def gpu_config(name: str, plan: Plan, labelled: list[str], source: str) -> str:
         settings = {
             "max_workspace_size_bytes": "1073741824",
             "trt_engine_cache_enable": "1",
-            "trt_engine_cache_path": "/tmp/tritonstack-onnxruntime-trt",
+            "trt_engine_cache_path": f"{ENGINE_LINKS}/{name}",
         }
         if _profile_names_ok(plan):
             for which in ("min", "opt", "max"):

@@ -3,7 +3,7 @@
 What Triton knows about a model (its tensors, shapes, max_batch_size, labels) is read from the
 model repository or asked of the server (tritonstack.signature), never written here; what the
 repository does not say (which models are public, admission, the LLM's limits) is stack.env's
-(tritonstack.settings). Python code imports these; scripts/entrypoint.sh and haproxy.cfg's
+(tritonstack.settings). Python code imports these (the container launcher too); haproxy.cfg's
 defaults spell out the ports, held to this module by tests/unit/test_contract.py.
 """
 

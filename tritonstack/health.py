@@ -71,6 +71,10 @@ BINARY_ONLY = {"FP16": 2, "BF16": 2}
 NOT_LOADED = ("has no available versions",)
 #: Where tritonstack add-model writes the bounds of an input's variable dims (onnx_serving.py).
 BOUNDS_PARAMETER = "tritonstack.input_bounds"
+#: Where the container's launcher writes the models it left out and why ({model: reason}): a
+#: TensorRT plan that could not be built, a GPU model on a CPU host.
+LAUNCH_STATUS_ENV = "TRITONSTACK_LAUNCH_STATUS"
+LAUNCH_STATUS = "/tmp/tritonstack-launch.json"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -370,11 +374,20 @@ def main(argv: list[str] | None = None) -> int:
     healthy, busy, dead, unloaded = found
     for line in healthy + busy:
         print(line)
-    for line in unloaded + dead:
+    for line in unloaded + dead + left_out():
         print(line, file=sys.stderr)
     # A model that failed to load is reported, not a reason to restart the server: that would
     # not load it, and would take every other model down meanwhile.
     return 1 if dead or (unloaded and not healthy and not busy) else 0
+
+
+def left_out(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """`not served:` lines for the models the launcher left out (none outside its container)."""
+    try:
+        found = json.loads(Path(environ.get(LAUNCH_STATUS_ENV) or LAUNCH_STATUS).read_text())
+    except (OSError, ValueError):
+        return []
+    return [f"not served: {model}: {why}" for model, why in sorted(found.items())]
 
 
 if __name__ == "__main__":

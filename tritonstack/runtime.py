@@ -17,7 +17,6 @@ import contextlib
 import filecmp
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -32,18 +31,9 @@ from pathlib import Path
 import psutil
 
 from tritonstack import processes
-from tritonstack.contract import (
-    ADMIN_APIS,
-    ADMIN_APIS_ENV,
-    ADMIN_HEADER,
-    GRPC_PORT,
-    HTTP_PORT,
-    LOOPBACK,
-    METRICS_PORT,
-    RESTRICTED_APIS,
-    SHUT_HEADER,
-)
+from tritonstack.contract import ADMIN_HEADER, GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT
 from tritonstack.errors import UserError
+from tritonstack.launcher import flags
 from tritonstack.project import project_dir
 from tritonstack.repository import Model, iter_models
 
@@ -73,64 +63,12 @@ def pytriton_root() -> Path:
     return root
 
 
-def shared_flags(path: Path = SHARED_FLAGS) -> list[str]:
-    """The tritonserver flags both runtimes use (scripts/tritonserver.flags)."""
-    lines = (line.strip() for line in path.read_text().splitlines())
-    return [line for line in lines if line and not line.startswith("#")]
-
-
 def load_admin_key() -> str:
-    """The secret for the restricted APIs: $TRITONSTACK_ADMIN_KEY, else a generated key file.
-
-    The file (~/.config/tritonstack/admin-key, mode 0600) is created on first use, so every
-    installation gets its own secret and none is ever committed.
-    """
-    key = os.environ.get("TRITONSTACK_ADMIN_KEY", "").strip()
-    if key:
-        return key
+    """The secret for the restricted APIs: $TRITONSTACK_ADMIN_KEY, else a key file generated on
+    first use (~/.config/tritonstack/admin-key, mode 0600), so every installation gets its own
+    secret and none is ever committed."""
     base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "tritonstack"
-    path = base / "admin-key"
-    if not path.exists():
-        base.mkdir(parents=True, exist_ok=True)
-        # Written aside, then linked into place: a process starting at the same moment on a
-        # fresh machine finds either no key or a complete one, never an empty file.
-        draft = base / f".admin-key.{uuid.uuid4().hex}"
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(32) + "\n")
-        try:
-            os.link(draft, path)
-        except FileExistsError:
-            pass  # another process linked its key first; that one is the key
-        finally:
-            draft.unlink()
-    return path.read_text().strip()
-
-
-def restricted_flags(admin_key: str, asked: str | None = None) -> list[str]:
-    """Triton's restricted-API flags, HTTP and gRPC: the admin APIs (contract.ADMIN_APIS, and
-    those `asked`, default $TRITONSTACK_ADMIN_APIS) behind the admin key, every other restricted
-    API behind a key drawn now and kept nowhere, so that nothing the stack runs or stores can
-    call it."""
-    asked = os.environ.get(ADMIN_APIS_ENV, "") if asked is None else asked
-    known = RESTRICTED_APIS.split(",")
-    wanted = {*ADMIN_APIS.split(","), *(api.strip() for api in asked.split(",") if api.strip())}
-    unknown = sorted(wanted - set(known))
-    if unknown:
-        raise UserError(
-            f"{ADMIN_APIS_ENV}={asked}: {unknown[0]} is not an API Triton restricts (those: "
-            f"{RESTRICTED_APIS})"
-        )
-    admin = [api for api in known if api in wanted]
-    shut = [api for api in known if api not in wanted]
-    groups = [f"{','.join(admin)}:{ADMIN_HEADER}={admin_key}"] if admin else []
-    if shut:
-        groups.append(f"{','.join(shut)}:{SHUT_HEADER}={secrets.token_hex(24)}")
-    return [
-        f"--{flag}={group}"
-        for group in groups
-        for flag in ("http-restricted-api", "grpc-restricted-protocol")
-    ]
+    return flags.admin_key(base / "admin-key")
 
 
 def default_cache_dir() -> Path:
@@ -226,20 +164,20 @@ class EmbeddedTriton(processes.Endpoints):
     def command(self, backends: Path, repository: Path) -> list[str]:
         return [
             str(pytriton_root() / "bin" / "tritonserver"),
-            f"--model-repository={repository}",
+            *flags.server_flags(
+                repository,
+                flags.shared_flags(SHARED_FLAGS),
+                self.admin_key,
+                address=self.address,
+                metrics_address=self.address,
+                http_port=self.http_port,
+                grpc_port=self.grpc_port,
+                metrics_port=self.metrics_port,
+                exit_timeout_secs=self.exit_timeout_secs,
+            ),
             f"--backend-directory={backends}",
             f"--cache-directory={pytriton_root() / 'caches'}",
-            *shared_flags(),
-            f"--exit-timeout-secs={self.exit_timeout_secs}",
-            f"--http-address={self.address}",
-            f"--http-port={self.http_port}",
-            f"--grpc-address={self.address}",
-            f"--grpc-port={self.grpc_port}",
-            "--allow-gpu-metrics=false",
-            f"--metrics-address={self.address}",
-            f"--metrics-port={self.metrics_port}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            *restricted_flags(self.admin_key),
             *self.extra_args,
         ]
 

@@ -22,6 +22,7 @@ import yaml
 
 from tests.support import IN_CI, LLM_REPOSITORY, REPOSITORY, ROOT, compose_seconds, require_tool
 from tritonstack import contract
+from tritonstack.launcher.flags import EXIT_TIMEOUT_SECS
 from tritonstack.limits import limits
 from tritonstack.repository import iter_models
 from tritonstack.settings import load
@@ -186,9 +187,7 @@ def test_gpu_variant_reserves_a_gpu_with_triton_limits(gpu: dict) -> None:
     assert triton["ulimits"] == {"stack": 67108864}
     grace = compose_seconds(triton["stop_grace_period"])
     assert int(triton["environment"]["TRITON_EXIT_TIMEOUT_SECS"]) < grace
-    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
-    default = re.search(r"EXIT_TIMEOUT=\$\{TRITON_EXIT_TIMEOUT_SECS:-(\d+)\}", entrypoint)
-    assert default and int(default.group(1)) < grace
+    assert grace > EXIT_TIMEOUT_SECS  # the launcher's default
 
 
 def test_cpu_variant_drops_the_gpu_and_nothing_else(gpu: dict, cpu: dict) -> None:
@@ -572,21 +571,26 @@ def test_images_match_the_pinned_releases(gpu: dict) -> None:
     assert f"numpy=={pins['numpy']}" in dockerfile
 
 
-def test_image_layout_matches_the_entrypoint_defaults(gpu: dict) -> None:
+def test_image_layout_matches_the_launchers_defaults(gpu: dict) -> None:
+    from tritonstack.launcher.start import Settings
+    from tritonstack.launcher.tensorrt import ENGINE_LINKS
+
     dockerfile = (ROOT / "Dockerfile.triton").read_text()
-    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
-    assert "HOME_DIR=${TRITONSTACK_HOME:-/opt/tritonstack}" in entrypoint
-    assert "FLAGS_FILE=${TRITONSTACK_FLAGS:-$HOME_DIR/tritonserver.flags}" in entrypoint
-    assert "REPOSITORY=${MODEL_REPOSITORY:-$HOME_DIR/model_repository}" in entrypoint
-    assert "COPY scripts/tritonserver.flags scripts/entrypoint.sh" in dockerfile
+    image_env = dict(re.findall(r"^(?:ENV\s+|\s+)(\w+)=(\S+?)(?:\s+\\)?$", dockerfile, re.M))
+    defaults = Settings.from_environment(image_env)
+    assert defaults.flags_file == Path("/opt/tritonstack/tritonserver.flags")
+    assert defaults.repository == Path("/opt/tritonstack/model_repository")
+    assert "COPY scripts/tritonserver.flags stack.env /opt/tritonstack/" in dockerfile
     assert "COPY model_repository /opt/tritonstack/model_repository" in dockerfile
+    # The launcher runs from the package's copy, on the image's Python path.
+    assert "COPY tritonstack /opt/tritonstack/python/tritonstack" in dockerfile
+    assert image_env["PYTHONPATH"] == "/opt/tritonstack/python"
+    assert '"python3", "-m", "tritonstack.launcher"]' in dockerfile
     assert "USER triton-server" in dockerfile
-    cache = re.search(r"TRITONSTACK_CACHE=(\S+)", dockerfile).group(1)
-    assert f"triton-cache:{cache}" in gpu["services"]["triton"]["volumes"][0]
+    assert f"triton-cache:{defaults.cache}" in gpu["services"]["triton"]["volumes"][0]
     gpu_config = (REPOSITORY / "classifier" / "configs" / "gpu.pbtxt").read_text()
-    link = re.search(r"ORT_CACHE_LINK=\$\{TRITONSTACK_ORT_CACHE_LINK:-(\S+)\}", entrypoint)
-    assert f'value: "{link.group(1)}"' in gpu_config  # the link the entrypoint keys
-    assert "ort_dir=$CACHE/onnxruntime-trt-keys/" in entrypoint  # ... into the cache volume
+    assert defaults.engine_links == Path(ENGINE_LINKS)
+    assert f'value: "{ENGINE_LINKS}/classifier"' in gpu_config  # the link the launcher keys
 
 
 def test_dockerignore_lets_every_copy_source_through() -> None:
@@ -869,7 +873,7 @@ def test_shellcheck_every_shell_script() -> None:
         or re.match(rb"#!\s*(/usr)?/bin/(env\s+)?(ba)?sh\b", path.read_bytes()[:40])
     ]
     names = {p.relative_to(ROOT).as_posix() for p in scripts}
-    assert {"scripts/entrypoint.sh", "tests/fakes/fake_trtexec", ".ci/run"} <= names
+    assert {"scripts/secrets.sh", "tests/fakes/fake_trtexec", ".ci/run"} <= names
     result = run(tool("shellcheck"), *map(str, scripts))
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -47,19 +47,9 @@ def test_files_outside_the_package_write_out_the_contract(path):
     }
 
 
-def test_entrypoint_defaults_are_the_contracts():
-    text = (ROOT / "scripts" / "entrypoint.sh").read_text()
-    defaults = dict(re.findall(r"^(\w+)=\$\{TRITON_\w+_PORT:-(\d+)\}$", text, re.M))
-    assert defaults == {
-        "HTTP_PORT": str(contract.HTTP_PORT),
-        "GRPC_PORT": str(contract.GRPC_PORT),
-        "METRICS_PORT": str(contract.METRICS_PORT),
-    }
-    assert f'RESTRICTED_APIS="{contract.RESTRICTED_APIS}"' in text.splitlines()
-    assert f"ADMIN_HEADER={contract.ADMIN_HEADER}" in text.splitlines()
-    assert f'ADMIN_APIS="{contract.ADMIN_APIS}"' in text.splitlines()
-    assert f"wanted=,$ADMIN_APIS,${{{contract.ADMIN_APIS_ENV}:-}}," in text.splitlines()
-    assert f"SHUT_HEADER={contract.SHUT_HEADER}" in text.splitlines()
+def test_the_llm_start_spells_the_contracts():
+    """The models' container starts through tritonstack.launcher, which imports the contract;
+    the LLM's start is compose's inline shell (and its Kubernetes copy), held to it here."""
     # The LLM's start in compose (and its Kubernetes copy) says the same.
     compose = (ROOT / "docker-compose.yml").read_text()
     assert f"wanted=,{contract.ADMIN_APIS},$${{{contract.ADMIN_APIS_ENV}:-}}," in compose
@@ -139,7 +129,7 @@ def test_the_runtime_opens_the_admin_apis_and_shuts_the_rest(monkeypatch):
     """The embedded runtime's restricted-API flags: the admin APIs behind the admin key, the
     others behind a key drawn at each call; TRITONSTACK_ADMIN_APIS asks for more."""
     from tritonstack.errors import UserError
-    from tritonstack.runtime import restricted_flags
+    from tritonstack.launcher.flags import restricted_flags
 
     monkeypatch.delenv(contract.ADMIN_APIS_ENV, raising=False)
     first, second = restricted_flags("k"), restricted_flags("k")

@@ -199,7 +199,7 @@ CANNOT_RUN_HERE = {
     "docker compose up -d --build": "needs a GPU; tests/unit/test_compose.py validates the GPU "
     "file offline, and its CPU variant runs for real in tests/functional/test_compose_stack.py",
     "docker compose logs -f triton": "follows the log until interrupted; the log lines shown come "
-    "from scripts/entrypoint.sh, run with fakes by tests/unit/test_entrypoint.py",
+    "from tritonstack/launcher, run with fakes by tests/unit/test_entrypoint.py",
     "docker image rm tritonstack/triton:26.08 tritonstack/locust:2.47.0": "not run: the tests' "
     "private engine is removed with every image in it; "
     "tests/unit/test_compose.py::test_images_match_the_pinned_releases pins these tags",

@@ -1,28 +1,31 @@
-"""The container entrypoint's GPU/CPU decisions, run here with named fakes for what we lack.
+"""The container launcher's GPU/CPU decisions, run here with named fakes for what we lack.
 
-scripts/entrypoint.sh runs unchanged with tests/fakes/fake_nvidia-smi, fake_trtexec and
-fake_tritonserver on PATH (under their real names): the fakes record every call, so each test
-checks the exact commands the entrypoint would run in the container, the plan cache and its key,
-and the repository view it hands to tritonserver. The real model repository and flags file are
-used. Finally every flag it passes is checked against the real tritonserver's --help (2.51, the
-embedded runtime's release; the container runs a newer one that keeps these flags, see
-docs/versions.md).
+`python -m tritonstack.launcher` (the Triton image's entrypoint) runs unchanged with
+tests/fakes/fake_nvidia-smi, fake_trtexec and fake_tritonserver on PATH (under their real names):
+the fakes record every call, so each test checks the exact commands the launcher would run in the
+container, the plan cache and its key, and the repository view it hands to tritonserver. The real
+model repository and flags file are used. Finally every flag it passes is checked against the
+real tritonserver's --help (2.51, the embedded runtime's release; the container runs a newer one
+that keeps these flags, see docs/versions.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.support import REPOSITORY, ROOT
-from tritonstack.runtime import EmbeddedTriton, pytriton_root, shared_flags
+from tritonstack.launcher.flags import shared_flags
+from tritonstack.runtime import EmbeddedTriton, pytriton_root
 
-ENTRYPOINT = ROOT / "scripts" / "entrypoint.sh"
+ENTRYPOINT = [sys.executable, "-m", "tritonstack.launcher"]
 FAKES = ROOT / "tests" / "fakes"
 FLAGS = ROOT / "scripts" / "tritonserver.flags"
 ONNX = REPOSITORY / "classifier" / "1" / "model.onnx"
@@ -43,7 +46,8 @@ class Run:
     argv: list[str] | None  # what tritonserver was exec'd with; None if it never ran
     view: Path
     cache: Path
-    engines: Path  # the container-local link to ONNX Runtime's engine cache (configs/gpu.pbtxt)
+    engines: Path  # the container-local links to ONNX Runtime's engine caches (configs/gpu.pbtxt)
+    status: Path  # what the launcher left out, for the health check
 
     def tool_calls(self, tool: str) -> list[str]:
         return [c for c in self.calls if c.split(" ", 1)[0] == tool]
@@ -76,6 +80,7 @@ def run_entrypoint(
         "TRITONSTACK_CACHE": str(tmp_path / "cache"),
         "TRITONSTACK_VIEW": str(tmp_path / "view"),
         "TRITONSTACK_ORT_CACHE_LINK": str(tmp_path / "onnxruntime-trt"),
+        "TRITONSTACK_LAUNCH_STATUS": str(tmp_path / "launch.json"),
         "FAKE_LOG": str(log),
         "FAKE_ARGV": str(argv),
         "TRITONSTACK_ADMIN_KEY": ADMIN_KEY,
@@ -84,7 +89,7 @@ def run_entrypoint(
         **(env or {}),
     }
     result = subprocess.run(
-        [str(ENTRYPOINT), *args],
+        [*ENTRYPOINT, *args],
         env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -99,6 +104,7 @@ def run_entrypoint(
         tmp_path / "view",
         tmp_path / "cache",
         tmp_path / "onnxruntime-trt",
+        tmp_path / "launch.json",
     )
 
 
@@ -110,13 +116,13 @@ def plan_key(gpu: str, cc: str, tensorrt: str = "10.5.0", fp16: bool = True) -> 
     )
 
 
-def onnx_key(repository: Path = REPOSITORY) -> str:
-    """What keys ONNX Runtime's engine cache: every ONNX file's SHA-256, as sha256sum lists them."""
-    files = sorted(p.relative_to(repository) for p in repository.rglob("*.onnx"))
-    listing = "".join(
-        f"{hashlib.sha256((repository / f).read_bytes()).hexdigest()}  ./{f}\n" for f in files
-    )
-    return hashlib.sha256(listing.encode()).hexdigest()[:12]
+def onnx_key(model: Path = REPOSITORY / "classifier") -> str:
+    """What keys a model's ONNX Runtime engine cache: its ONNX files' SHA-256s."""
+    digest = hashlib.sha256()
+    for path in sorted(model.rglob("*.onnx")):
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest.update(f"{path.relative_to(model)}\0{sha}\n".encode())
+    return digest.hexdigest()[:12]
 
 
 def plan_dir(cache: Path, slug: str, key: str) -> Path:
@@ -205,11 +211,16 @@ def test_gpu_builds_the_plan_and_serves_the_gpu_configuration(tmp_path: Path) ->
     ]
     assert (run.view / "classifier").resolve() == REPOSITORY / "classifier"
     trt = run.view / "classifier_trt"
-    assert (trt / "config.pbtxt").resolve() == REPOSITORY / "classifier_trt" / "config.pbtxt"
+    # Files beside the versions are copied: Triton resolves links when it checks that a label
+    # file is inside its model's directory.
+    config = trt / "config.pbtxt"
+    assert not config.is_symlink()
+    assert config.read_text() == (REPOSITORY / "classifier_trt" / "config.pbtxt").read_text()
     assert (trt / "1" / "model.plan").resolve() == plans / "model.plan"
-    # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt) points into a keyed directory.
-    ort = run.engines
-    keyed = f"onnxruntime-trt-keys/NVIDIA_A10G-sm86-trt10.5.0-onnx{onnx_key()}"
+    # ONNX Runtime's TensorRT engine cache (configs/gpu.pbtxt): a folder per model, a link to
+    # a directory keyed by GPU, TensorRT and that model's weights.
+    ort = run.engines / "classifier"
+    keyed = f"onnxruntime-trt/classifier/NVIDIA_A10G-sm86-trt10.5.0-onnx{onnx_key()}"
     assert os.readlink(ort) == str(run.cache / keyed)
     assert ort.is_dir()
     assert "serving on gpu" in run.output
@@ -266,7 +277,7 @@ def test_changed_model_rebuilds(tmp_path: Path) -> None:
     env = {"MODEL_REPOSITORY": str(repo)}
     first = run_entrypoint(tmp_path, A10G, env=env)
     assert first.returncode == 0, first.output
-    ort = first.engines
+    ort = first.engines / "classifier"
     old_engines = os.readlink(ort)
     (ort / "TensorrtExecutionProvider_TRTKernel_graph_main_123.engine").write_text("old weights")
     (repo / "classifier" / "1" / "model.onnx").write_bytes(ONNX.read_bytes() + b"\0")
@@ -275,8 +286,9 @@ def test_changed_model_rebuilds(tmp_path: Path) -> None:
     assert len(second.tool_calls("trtexec")) == 2  # probe and a new build
     assert "reusing" not in second.output
     assert os.readlink(ort) != old_engines
-    assert os.readlink(ort).endswith(f"-onnx{onnx_key(repo)}")
+    assert os.readlink(ort).endswith(f"-onnx{onnx_key(repo / 'classifier')}")
     assert list(ort.iterdir()) == []  # no engine built from the old weights is in reach
+    assert not Path(old_engines).exists()  # pruned: those weights are gone from the repository
 
 
 def test_fp16_on_every_supported_gpu_unless_forced_off(tmp_path: Path) -> None:
@@ -318,14 +330,19 @@ def test_r470_driver_without_compute_cap_stops_instead_of_serving_on_cpu(tmp_pat
     assert "driver R580 or later" in run.output
 
 
-def test_failed_step_inside_the_plan_build_stops_the_container(tmp_path: Path) -> None:
-    """trtexec reports success but leaves no engine: the `mv` inside `plan=$(tensorrt_plan ..)`
-    fails, and that must stop the script (bash ignores errors in $(...) without inherit_errexit)."""
+def test_a_plan_that_is_not_written_leaves_the_model_out_and_serves_the_rest(
+    tmp_path: Path,
+) -> None:
+    """trtexec reports success but leaves no engine (a full disk): classifier_trt is not served,
+    the log and the status file the health check reads say why, and every other model is."""
     run = run_entrypoint(tmp_path, A10G, env={"FAKE_TRTEXEC_NO_ENGINE": "1"})
-    assert run.returncode != 0, run.output
-    assert run.argv is None and run.tool_calls("tritonserver") == []
-    assert "model.plan.tmp" in run.output  # mv's own message names the missing file
+    assert run.returncode == 0, run.output
+    assert run.argv == expected_argv(run.view, gpu=True, argv=run.argv)
+    assert "classifier_trt" not in {p.name for p in run.view.iterdir()}
+    assert "classifier" in {p.name for p in run.view.iterdir()}
+    assert "wrote no plan to" in run.output and "classifier_trt is not served" in run.output
     assert not list(run.cache.glob("plans/*/*/key"))  # no key for a plan that does not exist
+    assert "wrote no plan" in json.loads(run.status.read_text())["classifier_trt"]
 
 
 def test_cpu_host_skips_tensorrt(tmp_path: Path) -> None:
@@ -373,16 +390,24 @@ def test_forced_gpu_without_gpu_fails_with_the_cpu_command(tmp_path: Path) -> No
     assert "-f compose.cpu.yml" in run.output
 
 
-def test_failed_build_stops_before_tritonserver(tmp_path: Path) -> None:
+def test_a_failed_build_leaves_the_model_out_and_the_next_start_builds_again(
+    tmp_path: Path,
+) -> None:
+    """A graph TensorRT cannot build never stops the container: that model is left out (the
+    ONNX model serves, `classify` routes to it) and the next start tries again."""
     run = run_entrypoint(tmp_path, A10G, env={"FAKE_TRTEXEC_FAIL": "1"})
-    assert run.returncode == 1
-    assert run.argv is None and run.tool_calls("tritonserver") == []
+    assert run.returncode == 0, run.output
+    assert run.argv == expected_argv(run.view, gpu=True, argv=run.argv)
+    assert "classifier_trt" not in {p.name for p in run.view.iterdir()}
     assert "classifier_trt: trtexec failed; full log in" in run.output
     assert "  trtexec: [E] Error[4]" in run.output
     assert not list(run.cache.glob("plans/*/*/model.plan*"))  # no half-written plan cached
+    assert "trtexec failed" in json.loads(run.status.read_text())["classifier_trt"]
     retry = run_entrypoint(tmp_path, A10G)  # the next start builds again
     assert retry.returncode == 0, retry.output
     assert len(retry.tool_calls("trtexec")) == 2
+    assert "classifier_trt" in {p.name for p in retry.view.iterdir()}
+    assert json.loads(retry.status.read_text()) == {}
 
 
 def test_gpus_of_different_kinds_are_refused(tmp_path: Path) -> None:
@@ -627,3 +652,18 @@ def test_asked_restricted_apis_open_with_the_admin_key_and_the_rest_stay_shut(tm
         f"--http-restricted-api=shared-memory:tritonstack-shut-key={key}",
         f"--grpc-restricted-protocol=shared-memory:tritonstack-shut-key={key}",
     ]
+
+
+def test_the_llm_starts_with_the_same_flags_on_its_own_repository(tmp_path: Path) -> None:
+    """`launcher llm`: the vLLM model's repository as it is (no view, no device, no GPU
+    metrics), with every flag the models' Triton gets."""
+    from tests.support import LLM_REPOSITORY
+
+    env = {"MODEL_REPOSITORY": str(LLM_REPOSITORY)}
+    run = run_entrypoint(tmp_path, A10G, env=env, args=("llm", "--log-verbose=1"))
+    assert run.returncode == 0, run.output
+    assert run.tool_calls("nvidia-smi") == [] and run.tool_calls("trtexec") == []
+    expected = expected_argv(run.view, gpu=False, argv=run.argv[:-1])
+    expected[0] = f"--model-repository={LLM_REPOSITORY}"
+    assert run.argv == [*expected, "--log-verbose=1"]
+    assert not run.view.exists()

@@ -216,3 +216,16 @@ def test_ready_asks_readiness_only_where_the_serving_name_resolves():
     stray = healthcheck("--address-of", "no-such-alias.invalid")
     assert stray.returncode == 2 and len(stray.stderr.splitlines()) == 1, stray.stderr
     assert health.serving_address("localhost") == "127.0.0.1"
+
+
+def test_models_the_launcher_left_out_are_named_without_failing_the_check(tmp_path):
+    """A model whose TensorRT plan could not be built is not served; the check says which and
+    why, and passes while the others answer (restarting would not build the plan)."""
+    status = tmp_path / "launch.json"
+    status.write_text(json.dumps({"ranker_trt": "ranker_trt: trtexec failed; full log in x"}))
+    env = {**os.environ, health.LAUNCH_STATUS_ENV: str(status)}
+    with StandInTriton() as server:
+        result = healthcheck("--url", server.url, "--model", "ranker", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "not served: ranker_trt: ranker_trt: trtexec failed; full log in x" in result.stderr
+    assert health.left_out({health.LAUNCH_STATUS_ENV: str(tmp_path / "absent")}) == []

@@ -38,7 +38,7 @@ PYTHON = sys.executable
         ([PYTHON, "-m", "tritonstack.cli", "export", "--model-repository", "/tmp/x"], None),
         ([PYTHON, "-m", "tritonstack.cli", "infer", "--url", "127.0.0.1:1"], None),
         (["/usr/bin/promtool", "test", "rules", "tests.yml"], None),
-        (["shellcheck", "scripts/entrypoint.sh"], None),
+        (["shellcheck", "scripts/secrets.sh"], None),
     ],
 )  # fmt: skip
 def test_server_commands_are_recognised(command, starts):

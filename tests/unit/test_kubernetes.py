@@ -26,6 +26,7 @@ from tests.support import ROOT, require_tool
 from tests.unit.test_autoscaling_query import adapter_query, same_query
 from tritonstack import contract, k8s
 from tritonstack import gateway as gateway_module
+from tritonstack.launcher.start import Settings
 from tritonstack.limits import limits
 from tritonstack.settings import load
 
@@ -266,8 +267,31 @@ def test_triton_runs_the_compose_image_and_entrypoint(rendered, overlay) -> None
     # The tag names the Triton release of Dockerfile.triton's base image.
     base = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\S+)-py3$", dockerfile_triton(), re.M)
     assert base and triton["image"].endswith(f":{base[1]}")
-    # No command: the image's ENTRYPOINT (scripts/entrypoint.sh) runs, as in compose.
+    # No command: the image's ENTRYPOINT (the launcher) runs, as in compose.
     assert "command" not in triton and "args" not in triton and "command" not in service
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_launchers_preparation_runs_first_with_the_servers_plan_settings(
+    rendered, overlay
+) -> None:
+    """The init container builds the plans the server then reuses: same image, same cache
+    volume, and the same values of whatever keys a plan (else the server builds again)."""
+    spec = find(rendered[(overlay, ())], "Deployment", "triton")["spec"]["template"]["spec"]
+    (prepare,) = spec["initContainers"]
+    triton = container(rendered[(overlay, ())], "triton")
+    assert prepare["image"] == triton["image"] and prepare["args"] == ["prepare"]
+    env = {e["name"]: e.get("value") for e in triton["env"]}
+    prepared = {e["name"]: e.get("value") for e in prepare["env"]}
+    for keyed in ("TRT_OPT_BATCH", "TRT_PRECISION", "TRITONSTACK_DEVICE"):
+        assert prepared.get(keyed) == env.get(keyed), keyed
+    mounts = {m["name"]: m["mountPath"] for m in triton["volumeMounts"]}
+    assert {m["name"]: m["mountPath"] for m in prepare["volumeMounts"]} == {
+        "tmp": mounts["tmp"], "cache": mounts["cache"]
+    }  # fmt: skip
+    assert prepare["securityContext"] == triton["securityContext"]
+    gpus = prepare.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+    assert gpus == triton.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
 
 
 def compose_ports() -> set[int]:
@@ -285,10 +309,10 @@ def test_triton_ports_match_compose_and_the_dockerfile(rendered, overlay) -> Non
         for p in re.findall(r"\d+", re.search(r"^EXPOSE (.+)$", dockerfile_triton(), re.M)[1])
     }
     assert set(ports.values()) == compose_ports() == exposed
-    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
-    for name, variable in (("http", "HTTP"), ("grpc", "GRPC"), ("metrics", "METRICS")):
-        default = re.search(rf"{variable}_PORT=\$\{{TRITON_{variable}_PORT:-(\d+)\}}", entrypoint)
-        assert default and ports[name] == int(default[1])
+    defaults = Settings.from_environment({})  # the launcher's ports
+    assert (ports["http"], ports["grpc"], ports["metrics"]) == (
+        defaults.http_port, defaults.grpc_port, defaults.metrics_port
+    )  # fmt: skip
     service = find(objects, "Service", "triton")
     assert service["spec"]["clusterIP"] == "None"  # headless: DNS lists every pod
     assert {p["port"] for p in service["spec"]["ports"]} == set(ports.values())

@@ -208,5 +208,5 @@ def test_the_gpu_configuration_asks_no_precision_the_images_tensorrt_cannot_give
     for config in REPOSITORY.glob("*/configs/gpu.pbtxt"):
         text = re.sub(r"#.*", "", config.read_text())
         assert "precision_mode" not in text, config
-    entrypoint = (ROOT / "scripts" / "entrypoint.sh").read_text()
-    assert "build+=(--fp16)" not in entrypoint  # never unconditional again
+    launcher = (ROOT / "tritonstack" / "launcher" / "tensorrt.py").read_text()
+    assert 'flags = ("--fp16",)' in launcher and '_takes(help_text, "--fp16")' in launcher
