@@ -20,7 +20,11 @@ on any difference. Edit the sources, then run `python -m tritonstack.k8s`:
 - the LLM's model folder (llm_repository/llm) and scripts/tritonserver.flags ->
   components/llm/generated/llm-repository.yaml, the ConfigMap its pod mounts;
 - docker-compose.yml's triton-llm command -> components/llm/generated/command.yaml, a patch giving
-  the pod the same command (compose and Kubernetes both read `$$` as a literal `$`).
+  the pod the same command (compose and Kubernetes both read `$$` as a literal `$`);
+- the package files the launcher imports (tritonstack/launcher and the core modules it uses) ->
+  components/llm/generated/launcher.yaml, the ConfigMap NVIDIA's vLLM image runs it from (compose
+  mounts the checkout's package instead), and launcher-mount.yaml, the patch mounting it on
+  compose's PYTHONPATH.
 
 `python -m tritonstack.k8s --check` writes nothing and exits 1 naming every stale file.
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -56,6 +61,9 @@ TRITON_FLAGS = ROOT / "scripts" / "tritonserver.flags"
 LLM_SERVICE = "triton-llm"
 LLM_PROFILE = "llm"
 LLM_CONTAINER = "triton"
+#: The package whose launcher the LLM's container runs, and the ConfigMap that carries it.
+PACKAGE_DIR = Path(__file__).resolve().parent
+LAUNCHER_CONFIGMAP = f"{LLM_SERVICE}-launcher"
 #: What Locust needs at run time (Dockerfile.locust installs requirements.txt into the image).
 LOADTEST_SUFFIXES = (".py", ".conf", ".txt")
 PART_OF = {"app.kubernetes.io/part-of": "tritonstack"}
@@ -214,6 +222,77 @@ def llm_command_patch(compose_file: Path = COMPOSE_FILE) -> dict:
     }
 
 
+def launcher_files(package: Path = PACKAGE_DIR) -> list[Path]:
+    """The package's files `python3 -m tritonstack.launcher` runs: what importing it loads in an
+    interpreter without site-packages (the launcher imports the standard library besides)."""
+    code = (
+        "import sys, tritonstack.launcher.start\n"
+        "for name, module in sorted(sys.modules.items()):\n"
+        "    if name.split('.')[0] == 'tritonstack': print(module.__file__)"
+    )
+    found = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        cwd=package.parent,
+        env={"PYTHONPATH": str(package.parent)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    files = {Path(line) for line in found.stdout.split()} | {package / "launcher" / "__main__.py"}
+    return sorted(f.relative_to(package) for f in files)
+
+
+def launcher_configmap(package: Path = PACKAGE_DIR) -> dict:
+    """The launcher's files, one key each ("launcher.start.py" for launcher/start.py):
+    components/llm/triton-llm.yaml mounts them as the package's folders."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": LAUNCHER_CONFIGMAP, "labels": dict(PART_OF)},
+        "data": {
+            path.as_posix().replace("/", "."): (package / path).read_text()
+            for path in launcher_files(package)
+        },
+    }
+
+
+def launcher_mount_patch(compose_file: Path = COMPOSE_FILE, package: Path = PACKAGE_DIR) -> dict:
+    """A patch mounting the launcher's ConfigMap as the package folder on compose's PYTHONPATH
+    for the LLM (each key back at its path: keys cannot hold a `/`)."""
+    service = yaml.safe_load(compose_file.read_text())["services"][LLM_SERVICE]
+    folder = f"{service['environment']['PYTHONPATH']}/{package.name}"
+    items = [
+        {"key": path.as_posix().replace("/", "."), "path": path.as_posix()}
+        for path in launcher_files(package)
+    ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": LLM_SERVICE},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": LLM_CONTAINER,
+                            "volumeMounts": [
+                                {"name": "launcher", "mountPath": folder, "readOnly": True}
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "launcher",
+                            "configMap": {"name": LAUNCHER_CONFIGMAP, "items": items},
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
 def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
     """Every generated file and its content."""
     generated = kubernetes_dir / "base" / "generated"
@@ -237,6 +316,11 @@ def outputs(kubernetes_dir: Path = KUBERNETES_DIR) -> dict[Path, str]:
     files[llm / "llm-repository.yaml"] = _header(
         f"{_relative(LLM_MODEL_DIR)}/{{config.pbtxt,1/model.json}}", _relative(TRITON_FLAGS)
     ) + _documents([llm_configmap()])
+    launcher = "tritonstack/launcher/ and the package modules it imports"
+    files[llm / "launcher.yaml"] = _header(launcher) + _documents([launcher_configmap()])
+    files[llm / "launcher-mount.yaml"] = _header(launcher, compose_llm) + _documents(
+        [launcher_mount_patch()]
+    )
     if not HAPROXY_CFG.is_file():
         raise FileNotFoundError(f"{HAPROXY_CFG} not found: the gateway's config is its source")
     files[generated / "haproxy.cfg"] = _header(_relative(HAPROXY_CFG)) + HAPROXY_CFG.read_text()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tests.unit.test_kubernetes import render
 from tritonstack import contract, processes
+from tritonstack.launcher.start import Settings
 from tritonstack.ports import free_ports
 from tritonstack.runtime import EmbeddedTriton, default_cache_dir, prepare_backends
 
@@ -74,8 +75,8 @@ def test_a_configmap_mounted_at_the_model_directory_is_served(tmp_path: Path) ->
         o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "triton-llm"
     ]
     pod = deployment["spec"]["template"]["spec"]
-    script = pod["containers"][0]["args"][2]
-    repository = script.split("--model-repository=", 1)[1].split()[0]
+    variables = {e["name"]: e.get("value", "") for e in pod["containers"][0]["env"]}
+    repository = str(Settings.from_environment(variables).repository)  # what the command serves
     (mount,) = [
         m
         for m in pod["containers"][0]["volumeMounts"]

@@ -720,39 +720,34 @@ def test_llm_healthcheck_waits_for_the_model_and_its_first_download(gpu: dict) -
     assert compose_seconds(check["start_period"]) >= 600  # ~1 GB download + vLLM's start
 
 
-def llm_command(gpu: dict) -> list[str]:
-    """triton-llm's command as Docker receives it: compose reads `$$` as `$`."""
-    raw = yaml.safe_load(COMPOSE.read_text())["services"]["triton-llm"]["command"]
-    # A lone `$` would be compose's interpolation (of the host's variables), not the script's.
-    assert not any(re.search(r"(?<!\$)\$(?!\$)", re.sub(r"\$\$", "", arg)) for arg in raw)
-    command = gpu["services"]["triton-llm"]["command"]
-    assert command == raw  # nothing interpolated
-    return [arg.replace("$$", "$") for arg in command]
-
-
 def run_llm_command(gpu: dict, tmp_path: Path, **env: str) -> list[str]:
-    """The command, run by bash with its mounts' host paths and a fake tritonserver that
-    records the arguments it was exec'd with."""
+    """The command, run with its mounts' host paths and a fake tritonserver that records the
+    arguments it was exec'd with."""
+    from tritonstack.launcher.start import Settings
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     if not (bin_dir / "tritonserver").exists():
         (bin_dir / "tritonserver").symlink_to(ROOT / "tests" / "fakes" / "fake_tritonserver")
-    command = llm_command(gpu)
-    assert command[:2] == ["bash", "-c"]
-    script = command[2]
-    for volume in gpu["services"]["triton-llm"]["volumes"]:
-        source, target = volume.split(":")[:2]
-        if source.startswith("/"):
-            script = script.replace(target, source)
-    service_env = gpu["services"]["triton-llm"]["environment"]
+    service = gpu["services"]["triton-llm"]
+    command = service["command"]
+    assert command[:3] == ["python3", "-m", "tritonstack.launcher"]
+    mounts = dict(reversed(str(v).split(":")[:2]) for v in service["volumes"])  # target: source
+    service_env = service["environment"]
+    package = Path(mounts[f"{service_env['PYTHONPATH']}/tritonstack"])
+    defaults = Settings.from_environment({k: str(v) for k, v in service_env.items()})
     argv = tmp_path / "argv"
     environment = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "FAKE_ARGV": str(argv),
+        "PYTHONPATH": str(package.parent),
+        "MODEL_REPOSITORY": mounts[str(defaults.repository)],
+        "TRITONSTACK_FLAGS": mounts[str(defaults.flags_file)],
+        "TRITONSTACK_CACHE": str(tmp_path / "cache"),
         "TRITON_EXIT_TIMEOUT_SECS": service_env["TRITON_EXIT_TIMEOUT_SECS"],
         **env,
     }
-    result = subprocess.run(["bash", "-c", script], env=environment, capture_output=True,
+    result = subprocess.run([sys.executable, *command[1:]], env=environment, capture_output=True,
                             text=True, timeout=30)  # fmt: skip
     assert result.returncode == 0, result.stderr
     return argv.read_text().splitlines()
@@ -818,12 +813,16 @@ def test_llm_command_passes_the_shared_flags_and_the_admin_key(gpu: dict, tmp_pa
 def test_llm_command_takes_a_key_from_the_environment_or_keeps_the_admin_apis_shut(
     gpu: dict, tmp_path: Path
 ) -> None:
-    """Kubernetes gives the key as TRITONSTACK_ADMIN_KEY (from an optional Secret); with no key
-    at all each start picks a random one, which nobody knows."""
+    """A key given as TRITONSTACK_ADMIN_KEY is used; with no key at all (Kubernetes without its
+    Secret) each container generates one into its own /tmp (TRITONSTACK_CACHE), which nobody
+    knows."""
     given = run_llm_command(gpu, tmp_path, TRITONSTACK_ADMIN_KEY="e" * 40)
     assert given[-4:-2] == restricted("e" * 40)
-    first = run_llm_command(gpu, tmp_path)[-3].rsplit("=", 1)[1]
-    second = run_llm_command(gpu, tmp_path)[-3].rsplit("=", 1)[1]
+    assert gpu["services"]["triton-llm"]["environment"]["TRITONSTACK_CACHE"].startswith("/tmp/")
+    first, second = (
+        run_llm_command(gpu, tmp_path, TRITONSTACK_CACHE=str(tmp_path / n))[-3].rsplit("=", 1)[1]
+        for n in ("one", "two")
+    )
     assert len(first) >= 32 and first != second
     # The other restricted APIs: a new key at each start, as both runtimes draw it.
     assert shut_key(given) != shut_key(run_llm_command(gpu, tmp_path))

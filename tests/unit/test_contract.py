@@ -47,16 +47,6 @@ def test_files_outside_the_package_write_out_the_contract(path):
     }
 
 
-def test_the_llm_start_spells_the_contracts():
-    """The models' container starts through tritonstack.launcher, which imports the contract;
-    the LLM's start is compose's inline shell (and its Kubernetes copy), held to it here."""
-    # The LLM's start in compose (and its Kubernetes copy) says the same.
-    compose = (ROOT / "docker-compose.yml").read_text()
-    assert f"wanted=,{contract.ADMIN_APIS},$${{{contract.ADMIN_APIS_ENV}:-}}," in compose
-    assert f"for api in {contract.RESTRICTED_APIS.replace(',', ' ')}; do" in compose
-    assert f"{contract.ADMIN_HEADER}=$$key" in compose and f"{contract.SHUT_HEADER}=" in compose
-
-
 def test_both_python_models_run_postprocesss_labels_reader():
     """Triton's stub puts only a model's own directory and version directory on sys.path, so
     classify imports postprocess's labels_file.py through a symlink; a relative one keeps

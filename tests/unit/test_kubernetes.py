@@ -871,8 +871,8 @@ def test_llm_pod_mounts_the_model_where_the_command_serves_it(rendered) -> None:
     llm = pod["containers"][0]
     mounts = {m["mountPath"]: m for m in llm["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    script = llm["args"][2].replace("$$", "$")
-    repository = re.search(r"--model-repository=(\S+)", script)[1]
+    launcher = Settings.from_environment(env(llm))  # where the command finds its files
+    repository = str(launcher.repository)
     model = mounts[f"{repository}/{contract.LLM_MODEL}"]
     source = volumes[model["name"]]["configMap"]
     assert model["readOnly"] is True
@@ -883,8 +883,7 @@ def test_llm_pod_mounts_the_model_where_the_command_serves_it(rendered) -> None:
         "config.pbtxt": (folder / "config.pbtxt").read_text(),
         "1/model.json": (folder / "1" / "model.json").read_text(),
     }
-    flags_path = re.search(r"(\S+/tritonserver\.flags)", script)[1]
-    flags = mounts[flags_path]
+    flags = mounts[str(launcher.flags_file)]
     assert data[flags["subPath"]] == (ROOT / "scripts" / "tritonserver.flags").read_text()
     variables = env(llm)
     for writable in ("/tmp", "/dev/shm", variables["HF_HOME"]):
@@ -918,6 +917,46 @@ def test_llm_probes_wait_for_the_model_and_the_pod_drains_like_triton(rendered) 
     assert exit_timeout > gateway_module.SOFT_STOP_SECONDS
     pre_stop = int(llm["lifecycle"]["preStop"]["exec"]["command"][1])
     assert pod["terminationGracePeriodSeconds"] > pre_stop + exit_timeout
+
+
+def test_the_llm_pod_runs_the_launcher_from_its_configmap(rendered, tmp_path) -> None:
+    """NVIDIA's vLLM image has no tritonstack: the generated ConfigMap, laid out as the kubelet
+    mounts it on the pod's PYTHONPATH, is enough to run the command (with a fake tritonserver
+    recording what it was exec'd with) in an interpreter without site-packages."""
+    objects = rendered[("gpu", ("llm",))]
+    pod = llm_pod(objects)
+    llm = pod["containers"][0]
+    variables = env(llm)
+    (mount,) = [m for m in llm["volumeMounts"] if m["name"] == "launcher"]
+    assert mount["mountPath"] == f"{variables['PYTHONPATH']}/tritonstack" and mount["readOnly"]
+    source = next(v for v in pod["volumes"] if v["name"] == "launcher")["configMap"]
+    data = find(objects, "ConfigMap", source["name"])["data"]
+    python = tmp_path / "python"
+    for item in source["items"]:
+        (python / "tritonstack" / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (python / "tritonstack" / item["path"]).write_text(data[item["key"]])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tritonserver").symlink_to(ROOT / "tests" / "fakes" / "fake_tritonserver")
+    argv = tmp_path / "argv"
+    result = subprocess.run(
+        [sys.executable, "-S", *llm["args"][1:]],
+        env={
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "PYTHONPATH": str(python),
+            "FAKE_ARGV": str(argv),
+            "MODEL_REPOSITORY": str(ROOT / contract.LLM_REPOSITORY),
+            "TRITONSTACK_FLAGS": str(ROOT / "scripts" / "tritonserver.flags"),
+            "TRITONSTACK_CACHE": str(tmp_path / "cache"),
+        },
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert llm["args"][0] == "python3"
+    assert result.returncode == 0, result.stderr
+    assert f"--model-repository={ROOT / contract.LLM_REPOSITORY}" in argv.read_text().split()
 
 
 def test_llm_gets_a_gpu_node_and_the_image_user(rendered) -> None:
