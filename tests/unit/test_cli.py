@@ -38,25 +38,59 @@ def test_infer_without_a_server_is_one_line(protocol):
     assert_one_line_error(result, f"cannot reach Triton at 127.0.0.1:{port}")
 
 
-def test_a_command_whose_extra_is_missing_names_the_extra(tmp_path):
-    """`tritonstack export` without the [export] extra: one line naming it, nothing written.
-    The child process blocks the extra's modules (None in sys.modules makes their import fail),
-    as a `pip install tritonstack` without extras leaves them out."""
-    repository = tmp_path / "model_repository"
-    blocked = " = ".join(f"sys.modules[{module!r}]" for module in EXTRAS)
+def run_without(extras: set[str], *args: str) -> subprocess.CompletedProcess:
+    """The CLI in a child process that blocks the modules of `extras` (None in sys.modules makes
+    their import fail), as a `pip install tritonstack` without them leaves them out."""
+    modules = [module for module, extra in EXTRAS.items() if extra in extras]
+    blocked = " = ".join(f"sys.modules[{module!r}]" for module in modules)
     code = f"import sys; {blocked} = None; from tritonstack.cli import main; sys.exit(main())"
-    result = subprocess.run(
-        [sys.executable, "-c", code, "export", "--model-repository", str(repository)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
     )
+
+
+EVERY_EXTRA = set(EXTRAS.values())
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "modules"),
+    [
+        ("export", "export", "onnx, onnxruntime, sklearn, skl2onnx"),
+        ("serve", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
+        ("check", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
+        ("add-model", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
+        ("infer", "clients", "geventhttpclient"),
+        ("loadtest", "load", "geventhttpclient, locust"),
+        ("up", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
+        ("dashboards", "render", "matplotlib, grafana_foundation_sdk"),
+    ],
+)
+def test_a_command_whose_extra_is_missing_names_the_extra(tmp_path, command, extra, modules):
+    """With the core alone: one line naming the extra and how to install it, before any work."""
+    repository = tmp_path / "model_repository"
+    args = {
+        "export": ("--model-repository", str(repository)),
+        "add-model": ("x.onnx", "--name", "x"),
+    }
+    result = run_without(EVERY_EXTRA, command, *args.get(command, ()))
     assert_one_line_error(
         result,
-        "export: error: needs the [export] extra (sklearn, skl2onnx not installed): "
-        "pip install 'tritonstack[export]'",
+        f"{command}: error: needs the [{extra}] extra ({modules} not installed): "
+        f"pip install 'tritonstack[{extra}]'",
     )
     assert not repository.exists()
+
+
+def test_the_clients_need_no_server_or_load_extra():
+    """With [clients] alone a client command gets as far as the network."""
+    (port,) = free_ports(1)
+    result = run_without(EVERY_EXTRA - {"clients"}, "infer", "--url", f"127.0.0.1:{port}")
+    assert_one_line_error(result, f"cannot reach Triton at 127.0.0.1:{port}")
+
+
+def normalized(distribution: str) -> str:
+    """A distribution's name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def test_each_extra_named_in_errors_is_declared_in_pyproject():
@@ -80,7 +114,19 @@ def test_each_extra_named_in_errors_is_declared_in_pyproject():
             lines = [
                 line
                 for line in declared
-                if re.split(r"[=<>~!\[; ]", line, maxsplit=1)[0].lower() == distribution.lower()
+                if normalized(re.split(r"[=<>~!\[; ]", line, maxsplit=1)[0])
+                == normalized(distribution)
             ]
+            if not lines:  # through a declared requirement's own extra (tritonclient[http])
+                lines = [
+                    line
+                    for line in declared
+                    if "[" in line
+                    and f'extra == "{extra}"' in line
+                    and any(
+                        r.lower().startswith(distribution.lower())
+                        for r in requires(re.split(r"[\[=]", line, maxsplit=1)[0]) or []
+                    )
+                ]
             assert lines, (module, distribution)
             assert all(f'extra == "{extra}"' in line for line in lines), lines

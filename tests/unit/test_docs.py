@@ -83,8 +83,9 @@ UP_TEST = (
 )
 #: Commands other tests run (`path::test`), so running them here again would only cost time.
 RUN_ELSEWHERE = {
-    "python3 -m venv .venv && pip install -e .": "Makefile's venv target, run by .ci/run "
-    "on a fresh machine (it installs the test extras too)",
+    "python3 -m venv .venv && pip install -e '.[all]'": "Makefile's venv target, run by .ci/run "
+    "on a fresh machine, installs `.[test]`, which includes `[all]`; the core alone: "
+    "tests/functional/test_package.py::test_the_wheel_holds_the_product_and_no_benchmark_code",
     "make test": ".ci/run",
     "python -m tests.gpu.prepare": (
         "tests/functional/test_gpu_check.py::test_the_default_carry_fits_what_a_device_run_carries"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -96,3 +97,37 @@ def test_package_data_covers_the_backends_the_runtime_installs():
     needed = {p for p in BACKEND_SOURCES.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     needed -= {BACKEND_SOURCES / "__init__.py"}  # a package module, shipped as code
     assert needed and needed <= shipped
+
+
+#: The one layer whose modules import their extra at the top: `tritonstack check` reads graphs.
+NEEDS_ITS_EXTRA_TO_IMPORT = {"tritonstack.check": "check"}
+
+
+def test_every_module_imports_with_the_core_alone():
+    """The layers: a module of the package imports with the core's dependencies only, and takes
+    an extra's modules (errors.EXTRAS) inside the function that needs them, so the CLI, the
+    launcher and the clients start wherever the core is installed; the exceptions are named."""
+    code = """
+import importlib, json, pkgutil, sys
+from tritonstack.errors import EXTRAS
+for module in EXTRAS:
+    sys.modules[module] = None
+import tritonstack
+failed = {}
+for info in pkgutil.walk_packages(tritonstack.__path__, "tritonstack."):
+    if ".backends." in info.name or info.name.endswith("__main__"):
+        continue  # backends run inside Triton's stubs; __main__ runs a command
+    try:
+        importlib.import_module(info.name)
+    except ImportError as exc:
+        failed[info.name] = exc.name
+print(json.dumps(failed))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    failed = json.loads(result.stdout)
+    from tritonstack.errors import EXTRAS
+
+    assert {module: EXTRAS[name] for module, name in failed.items()} == NEEDS_ITS_EXTRA_TO_IMPORT
