@@ -43,9 +43,11 @@ PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x
 
 
 def pins() -> dict[str, str]:
-    """Exact versions of the installed tritonstack's core dependencies (pyproject.toml's pins)."""
+    """Exact versions of the installed tritonstack's dependencies, its extras' included
+    (pyproject.toml's pins)."""
     found = (
-        re.match(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==([^;\s]+)$", r) for r in requires("tritonstack")
+        re.match(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==([^;\s]+)\s*(?:;.*)?$", r)
+        for r in requires("tritonstack")
     )
     return {m.group(1).lower(): m.group(2) for m in found if m}
 
