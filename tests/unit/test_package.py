@@ -131,3 +131,22 @@ print(json.dumps(failed))
     from tritonstack.errors import EXTRAS
 
     assert {module: EXTRAS[name] for module, name in failed.items()} == NEEDS_ITS_EXTRA_TO_IMPORT
+
+
+def test_the_architecture_doc_places_every_module_in_one_layer():
+    """docs/architecture.md's table of layers names each module of the package once: a new
+    module needs a place (and so a layer) before it lands."""
+    import re
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc.split("The modules by layer", 1)[1].split("\n\n", 2)[1]
+    named = []
+    for row in table.splitlines()[2:]:
+        modules = row.split("|")[2]
+        named += re.findall(r"`([a-z0-9_]+/?)`", re.sub(r"\([^)]*\)", "", modules))
+    package = ROOT / "tritonstack"
+    present = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    present |= {f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    present |= {"backends/"}  # the backends run inside Triton: a folder, not a package
+    assert sorted(named) == sorted(set(named)), "a module is named twice"
+    assert set(named) == present
