@@ -188,6 +188,13 @@ def test_gpu_variant_reserves_a_gpu_with_triton_limits(gpu: dict) -> None:
     grace = compose_seconds(triton["stop_grace_period"])
     assert int(triton["environment"]["TRITON_EXIT_TIMEOUT_SECS"]) < grace
     assert grace > EXIT_TIMEOUT_SECS  # the launcher's default
+    # The start budget: the launcher's longest wait (plan builds, another replica's engines).
+    from tritonstack.launcher.start import Settings
+
+    budget = Settings.from_environment({}).lock_timeout
+    assert compose_seconds(triton["healthcheck"]["start_period"]) >= budget
+    dockerfile = (ROOT / "Dockerfile.triton").read_text()
+    assert compose_seconds(re.search(r"--start-period=(\w+)", dockerfile)[1]) >= budget
 
 
 def test_cpu_variant_drops_the_gpu_and_nothing_else(gpu: dict, cpu: dict) -> None:
