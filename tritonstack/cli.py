@@ -156,15 +156,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     gateway = None
     stop = threading.Event()
-
-    def request_stop(signum, _frame):
-        print(f"{signal.Signals(signum).name}: stopping", flush=True)
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, request_stop)
-    reload_keys = threading.Event()
-    signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_keys.set())
+    # The handlers only append: Event.set() there deadlocks when the signal lands while the
+    # main thread holds that Event's lock inside wait() (seen: a SIGTERM that never stopped
+    # serve), and print() there can meet stdout's lock held the same way. _wait acts on them.
+    signals: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda signum, _frame: signals.append(signum))
     print(f"starting Triton (models in {args.model_repository})", flush=True)
     if llm_plan:
         print(llm_plan.describe(), flush=True)
@@ -188,14 +185,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             watcher = threading.Thread(target=supervisor.watch, args=(stop,), daemon=True)
             watcher.start()
             try:
-                _wait(stop, gateway, reload_keys=reload_keys)
+                _wait(stop, signals, gateway)
             finally:
                 stop.set()
-                watcher.join()  # a restart in progress finishes before the final stop
+                supervisor.join(watcher)  # a restart under way finishes before the final stop
             if supervisor.failed:
                 raise UserError(supervisor.failed)
         else:
-            _wait(stop, gateway, server, reload_keys=reload_keys)
+            _wait(stop, signals, gateway, server)
     finally:
         # In order: the gateway stops accepting and its in-flight requests finish, then Triton.
         if gateway is not None:
@@ -208,12 +205,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait(stop: threading.Event, gateway, server=None, reload_keys=None) -> None:
-    """Until a signal, or until the gateway or (unsupervised) Triton exits on its own; SIGHUP
+def _wait(stop: threading.Event, signals: list[int], gateway, server=None) -> None:
+    """Until SIGINT or SIGTERM (in `signals`, appended by the handlers), until `stop` is set (a
+    failed restart), or until the gateway or (unsupervised) Triton exits on its own; SIGHUP
     swaps in the API keys file's current content without a restart."""
-    while not stop.wait(0.5):
-        if reload_keys is not None and reload_keys.is_set():
-            reload_keys.clear()
+    while not stop.wait(0.2):
+        while signals:
+            signum = signals.pop(0)
+            if signum != signal.SIGHUP:
+                print(f"{signal.Signals(signum).name}: stopping", flush=True)
+                return
             try:
                 if gateway is None or gateway.api_keys is None:
                     raise UserError("SIGHUP ignored: no gateway with API keys (--api-keys FILE)")

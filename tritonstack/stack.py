@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,14 +286,15 @@ def run(args: argparse.Namespace) -> int:
     _check_ports(ports)
     llm_plan = llm.plan(args, default_cache_dir())
 
-    stop = threading.Event()
+    requested: list[int] = []
     starting, failed = True, False
 
     def request_stop(signum, _frame):
-        if stop.is_set():
+        # Only an append: an Event.set() or a print() here can deadlock on a lock the main
+        # thread holds when the signal lands (inside Event.wait(), inside another print).
+        if requested:
             return  # already stopping; a second Ctrl-C must not interrupt the cleanup
-        stop.set()  # first: a second signal arriving during the print below returns at once
-        print(f"{signal.Signals(signum).name}: stopping", flush=True)
+        requested.append(signum)
         if starting:
             raise _Interrupted
 
@@ -361,7 +362,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"logs in {args.log_dir}", flush=True)
         print("Ctrl-C stops everything", flush=True)
 
-        while not stop.wait(0.5):
+        while not requested:
+            time.sleep(0.2)
             if triton.process.poll() is not None:
                 print(_tail("tritonserver", logs / "triton.log"), file=sys.stderr)
                 raise UserError(
@@ -388,6 +390,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         starting = False
+        if requested:
+            print(f"{signal.Signals(requested[0]).name}: stopping", flush=True)
         try:
             stack.stop()
         finally:

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import enum
 import re
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -153,6 +155,12 @@ class Supervisor:
     failed: str | None = None
     #: The probe's requests, built once from each model's metadata.
     requests: dict = field(default_factory=dict, init=False)
+    #: Whether a restart is under way (it finishes before a stop: see join).
+    restarting: bool = field(default=False, init=False)
+    #: How long a stop waits for a check under way: its probes' deadline and the LLM's, with
+    #: margin. A check that outlives it is left behind (said, with where it was), so a signal
+    #: always stops the server.
+    check_seconds: float = 20.0
 
     def check(self) -> tuple[Failure, str] | None:
         """One look at the server: None when healthy, else what failed and why."""
@@ -206,7 +214,28 @@ class Supervisor:
                 return
             streak.count = 0
 
+    def join(self, watcher: threading.Thread) -> None:
+        """After `stop` is set: wait for the watch thread, for a restart under way as long as it
+        takes, for a check at most check_seconds."""
+        watcher.join(self.check_seconds)
+        while watcher.is_alive() and self.restarting:
+            watcher.join(1.0)
+        if watcher.is_alive():
+            frame = sys._current_frames().get(watcher.ident)
+            where = "".join(traceback.format_stack(frame)[-3:]) if frame else "unknown\n"
+            self.log(
+                f"supervisor: its check did not end within {self.check_seconds:g} s of the "
+                f"stop; stopping without it. It was at:\n{where.rstrip()}"
+            )
+
     def _restart(self, reason: str, first_failure: float, failed_checks: int = 1) -> None:
+        self.restarting = True
+        try:
+            self._stop_and_start(reason, first_failure, failed_checks)
+        finally:
+            self.restarting = False
+
+    def _stop_and_start(self, reason: str, first_failure: float, failed_checks: int) -> None:
         detected = time.monotonic()
         self.log("restarting Triton")
         self.server.stop(grace=self.stop_grace)

@@ -237,16 +237,20 @@ def test_sigterm_drains_gateway_then_triton_and_loses_nothing_in_flight():
             if outcome == "refused":
                 return
 
-    threads = [threading.Thread(target=load) for _ in range(16)]
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(16)]
     for thread in threads:
         thread.start()
-    time.sleep(3)
-    before_signal = len(outcomes)
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=90)
-    halt.set()
-    for thread in threads:
-        thread.join(30)
+    try:
+        time.sleep(3)
+        before_signal = len(outcomes)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=90)
+    finally:  # a serve that does not stop must not keep the load (and pytest) running
+        halt.set()
+        if process.poll() is None:
+            process.kill()
+        for thread in threads:
+            thread.join(30)
     counts = {o: outcomes.count(o) for o in set(outcomes)}
     print(f"\n{before_signal} answered before SIGTERM; all outcomes: {counts}")
     assert before_signal > 0 and counts.get("200", 0) >= before_signal

@@ -88,3 +88,38 @@ def test_exited_and_zombie_stubs_are_dead(monkeypatch):
         for process in sleepers:
             process.kill()
             process.wait(10)
+
+
+def test_a_stop_leaves_a_stuck_check_behind_and_says_where_it_was():
+    """A signal always stops `serve`: a check that outlives check_seconds is left behind (named,
+    with its stack), while a restart under way is waited for."""
+    import threading
+
+    from tritonstack.supervisor import Supervisor
+
+    lines: list[str] = []
+    supervisor = Supervisor(server=None, log=lines.append, check_seconds=0.2)
+    release = threading.Event()
+
+    def stuck_in_a_check() -> None:
+        release.wait(30)
+
+    watcher = threading.Thread(target=stuck_in_a_check, daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    supervisor.join(watcher)
+    assert time.monotonic() - started < 5
+    assert lines[0].startswith("supervisor: its check did not end within 0.2 s of the stop")
+    assert "stuck_in_a_check" in lines[0] and "release.wait(30)" in lines[0]
+    release.set()
+    watcher.join(5)
+
+    supervisor.restarting = True  # a restart under way: waited for, however long
+    lines.clear()
+    done = threading.Event()
+    restart = threading.Thread(target=lambda: done.wait(30), daemon=True)
+    restart.start()
+    threading.Timer(1.0, lambda: (setattr(supervisor, "restarting", False), done.set())).start()
+    started = time.monotonic()
+    supervisor.join(restart)
+    assert time.monotonic() - started >= 0.9 and not restart.is_alive() and lines == []
