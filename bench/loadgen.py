@@ -1,7 +1,7 @@
 """Load generators: wrk (C, HTTP) and a multi-process gRPC client, both closed-loop.
 
 Every server gets the same request for a model: one row of seeded random values, shaped and typed
-as the model's config declares (tritonstack.signature; the baselines reproduce `classifier` and
+as the model's config declares (tritonstack.core.signature; the baselines reproduce `classifier` and
 take its request), as KServe v2 JSON, as JSON header + binary tensors (Triton's binary-data
 extension), or as a gRPC ModelInferRequest serialised once. The generators replay those bytes
 without parsing the answers
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.stats import correct_coordinated_omission
-from tritonstack.errors import UserError
-from tritonstack.signature import Signature
+from tritonstack.core.errors import UserError
+from tritonstack.core.signature import Signature
 
 #: http-classification: KServe JSON asking Triton's classification extension for the top class
 #: of each output ("score:index:label" strings, labels from the model's label_filename).

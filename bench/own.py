@@ -128,7 +128,8 @@ def lightgbm_classifier(path: Path) -> Path:
 def build_models(folder: Path) -> dict[str, Path]:
     """The models, and the repository add-model writes for them (without loading each in a
     server of its own: the bench's Triton loads them all); model name -> its ONNX file."""
-    from tritonstack import add_model, onnx_serving
+    from tritonstack.check import onnx_serving
+    from tritonstack.models import add_model
 
     (folder / "onnx").mkdir(parents=True)
     paths = {
@@ -202,10 +203,10 @@ def measure(server, generator: Generator, model: str, protocol: str, s: OwnSetti
 
 
 def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None]) -> dict:
-    from tritonstack.signature import Signature
+    from tritonstack.core.signature import Signature
 
     started, load_before = datetime.now(timezone.utc), os.getloadavg()
-    from tritonstack.repository import iter_models
+    from tritonstack.core.repository import iter_models
 
     paths = build_models(workdir / "models")
     repository = workdir / "models" / "repository"

@@ -12,7 +12,7 @@ from pathlib import Path
 from bench import explain, llm_report, own_report
 from bench.scenarios import DELAY_SERVERS, FAMILIES, OPT_IN_FAMILIES, SERVERS, TRITON, point_key
 from bench.stats import Target, ratio_target
-from tritonstack.errors import UserError
+from tritonstack.core.errors import UserError
 
 PLOTS = {
     "throughput": "throughput vs concurrency (HTTP/JSON, batch-1 requests)",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.results import command_line, merge, run_meta
 from tritonstack import DEFAULT_MODEL_REPOSITORY
-from tritonstack.errors import UserError
+from tritonstack.core.errors import UserError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 QUICK_OUT = Path("results") / "bench-quick"
@@ -175,8 +175,8 @@ def run_llm(quick: bool) -> dict:
 def model_signatures() -> dict:
     """The Triton models the bench loads, as the repository declares them (the variants change
     batching and instances, never a model's tensors)."""
-    from tritonstack.repository import iter_models
-    from tritonstack.signature import Signature
+    from tritonstack.core.repository import iter_models
+    from tritonstack.core.signature import Signature
 
     return {
         m.name: Signature.from_model(m)
@@ -403,7 +403,7 @@ class Bench:
 
     def _counters(self, server) -> dict:
         from bench.scenarios import SERVERS
-        from tritonstack.metrics import model_value, scrape
+        from tritonstack.clients.metrics import model_value, scrape
 
         if server.metrics is None:
             return {}

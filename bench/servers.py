@@ -1,7 +1,7 @@
 """The servers under test, started fresh per scenario group, and their CPU and memory.
 
-Triton is the embedded runtime (tritonstack.runtime) on a repository variant. The baselines run
-from their own virtualenv (`baseline_venv`), created on first use from
+Triton is the embedded runtime (tritonstack.serve.runtime) on a repository variant. The baselines
+run from their own virtualenv (`baseline_venv`), created on first use from
 bench/requirements-baselines.txt so their pins never touch the project's environment.
 CPU and RSS are summed over the server's whole process tree: tritonserver and its Python stubs,
 uvicorn, MLServer's front end and inference worker.
@@ -23,11 +23,11 @@ from pathlib import Path
 import psutil
 
 from tritonstack import DEFAULT_MODEL_REPOSITORY
-from tritonstack.errors import UserError
-from tritonstack.ports import free_ports
-from tritonstack.processes import http_ok, rss_bytes, spawn, tree, wait_ready
-from tritonstack.processes import stop as stop_group
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir
+from tritonstack.core.errors import UserError
+from tritonstack.core.ports import free_ports
+from tritonstack.serve.processes import http_ok, rss_bytes, spawn, tree, wait_ready
+from tritonstack.serve.processes import stop as stop_group
+from tritonstack.serve.runtime import EmbeddedTriton, default_cache_dir
 
 BENCH_DIR = Path(__file__).resolve().parent
 REQUIREMENTS = BENCH_DIR / "requirements-baselines.txt"
@@ -125,8 +125,8 @@ def start_gateway(repository: Path, log_path: Path, name: str, config: str) -> S
     """Triton on `repository` behind HAProxy running `config` (relative to the checkout; the
     gateway's own is gateway/haproxy.cfg, with its committed limits): requests go to HAProxy's
     ports; CPU and memory count tritonserver and haproxy."""
-    from tritonstack.gateway import Gateway
-    from tritonstack.project import project_dir
+    from tritonstack.core.project import project_dir
+    from tritonstack.serve.gateway import Gateway
 
     http, grpc, metrics = free_ports(3)
     gateway_http, gateway_grpc, gateway_metrics = free_ports(3)

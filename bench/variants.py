@@ -2,7 +2,7 @@
 
 Each variant changes one thing against the committed repository, so a difference in the numbers
 has one cause. Configs are parsed and written with Triton's own schema (model_config_pb2), as
-tritonstack.repository does; comments are not kept in the copies.
+tritonstack.core.repository does; comments are not kept in the copies.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from tritonstack.errors import UserError
-from tritonstack.repository import ModelConfig, iter_models
+from tritonstack.core.errors import UserError
+from tritonstack.core.repository import ModelConfig, iter_models
 
 #: Models that run in a Python stub, whose instance count the python-x1 variant lowers.
 PYTHON_MODELS = ("postprocess", "classify")

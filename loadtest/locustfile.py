@@ -36,8 +36,8 @@ from users import (
     read_api_key,
 )
 
-from tritonstack import streaming
-from tritonstack.contract import GRPC_PORT
+from tritonstack.clients import streaming
+from tritonstack.core.contract import GRPC_PORT
 
 # Locust runs the User classes it finds in this module; SelectedShape picks one per --user-type.
 __all__ = ["GrpcUser", "HttpBinaryUser", "HttpJsonUser", "LlmStreamUser", "SelectedShape"]

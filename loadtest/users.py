@@ -2,7 +2,7 @@
 
 The model's users (http_json, http_binary, grpc) call any model the server serves (through the
 gateway: a public one). Each asks the server for the model's metadata first
-(tritonstack.signature: `GET /v2/models/<model>` and `/config`), builds its requests from it
+(tritonstack.core.signature: `GET /v2/models/<model>` and `/config`), builds its requests from it
 (random values, or rows drawn from `--input-file`, a .npy or .npz file), and fails a request
 unless the answer is right in *form*, not only in status: every output the metadata lists, of
 its shape and datatype for the rows sent, numbers finite. What the answers mean is each model's
@@ -37,9 +37,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from locust import FastHttpUser, User, constant, task
 
-from tritonstack import signature, streaming
-from tritonstack.client import new_sequence_id
-from tritonstack.errors import UserError
+from tritonstack.clients import streaming
+from tritonstack.clients.client import new_sequence_id
+from tritonstack.core import signature
+from tritonstack.core.errors import UserError
 
 # gRPC's C core blocks the whole process unless it cooperates with gevent; this must run before
 # any channel exists (Locust has already monkey-patched the standard library at this point).
@@ -233,7 +234,7 @@ class TritonUser(User):
             return rows, self.payload(self.first_arrays(rows), sequence), sequence
         if self.signature.state:
             # The client carries the model's state: each request sends back what the last
-            # answer returned, so its payload is built anew (tritonstack.signature.next_state).
+            # answer returned, so its payload is built anew (tritonstack.core.signature.next_state).
             if self.carried is None:
                 self.carried = self.first_arrays(rows)
             return rows, self.payload(self.carried), None

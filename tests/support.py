@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tritonstack import contract
+from tritonstack.core import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
@@ -97,8 +97,8 @@ def copy_project(destination: Path) -> Path:
 
 
 def end_locust_runs() -> None:
-    """Ctrl-C to every Locust this process started (tritonstack.loadtest.run_headless): it quits
-    gracefully with its totals, as a user's Ctrl-C, once a test has read all it needs from a
+    """Ctrl-C to every Locust this process started (tritonstack.load.loadtest.run_headless): it
+    quits gracefully with its totals, as a user's Ctrl-C, once a test has read all it needs from a
     run started for a fixed duration."""
     import signal
 

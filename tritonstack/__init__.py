@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tritonstack.project import project_dir
+from tritonstack.core.project import project_dir
 
 __version__ = "0.1.0"
 

@@ -13,9 +13,9 @@ import sys
 import threading
 from pathlib import Path
 
-from tritonstack.contract import GRPC_PORT, HTTP_PORT, LLM_REPOSITORY, LOOPBACK, METRICS_PORT
-from tritonstack.errors import UserError, require_extra
-from tritonstack.project import PROJECT_DIR_ENV, use_project_dir
+from tritonstack.core.contract import GRPC_PORT, HTTP_PORT, LLM_REPOSITORY, LOOPBACK, METRICS_PORT
+from tritonstack.core.errors import UserError, require_extra
+from tritonstack.core.project import PROJECT_DIR_ENV, use_project_dir
 
 
 def _repository_arg(parser: argparse.ArgumentParser) -> None:
@@ -34,15 +34,15 @@ def _repository_arg(parser: argparse.ArgumentParser) -> None:
 PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
     # "name": ("tritonstack.module", "one-line help"),
     "add-model": (
-        "tritonstack.add_model",
+        "tritonstack.models.add_model",
         "serve an ONNX model of yours: write its repository folder",
     ),
-    "loadtest": ("tritonstack.loadtest", "headless Locust run with pass/fail gates"),
-    "dashboards": ("tritonstack.dashboards", "regenerate grafana/dashboards/*.json"),
-    "top": ("tritonstack.top", "live per-model view of Triton's metrics in the terminal"),
-    "soak": ("tritonstack.soak", "steady load for N minutes: RSS, /dev/shm and latency drift"),
+    "loadtest": ("tritonstack.load.loadtest", "headless Locust run with pass/fail gates"),
+    "dashboards": ("tritonstack.render.dashboards", "regenerate grafana/dashboards/*.json"),
+    "top": ("tritonstack.clients.top", "live per-model view of Triton's metrics in the terminal"),
+    "soak": ("tritonstack.load.soak", "steady load for N minutes: RSS, /dev/shm and latency drift"),
     "up": ("tritonstack.stack", "Triton, Prometheus and the Locust web UI on loopback, no Docker"),
-    "generate": ("tritonstack.generate", "stream an answer from the LLM (serve --llm)"),
+    "generate": ("tritonstack.clients.generate", "stream an answer from the LLM (serve --llm)"),
 }
 
 
@@ -62,22 +62,22 @@ COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
 
 
 def gateway_arguments(parser: argparse.ArgumentParser) -> None:
-    from tritonstack.gateway import add_arguments
+    from tritonstack.serve.gateway import add_arguments
 
     add_arguments(parser)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tritonstack.export import export
+    from tritonstack.models.export import export
 
     export(args.model_repository, seed=args.seed)
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from tritonstack.check import check_repository
-    from tritonstack.mounts import check_mounts
-    from tritonstack.project import project_dir
+    from tritonstack.check.repository import check_repository
+    from tritonstack.core.mounts import check_mounts
+    from tritonstack.core.project import project_dir
 
     checked = [(args.model_repository, check_repository(args.model_repository))]
     llm_repository = project_dir() / LLM_REPOSITORY
@@ -105,8 +105,8 @@ def _check_loads(repository: Path) -> int:
     in its own words. 1 when a model does not load."""
     import tempfile
 
-    from tritonstack.ports import free_ports
-    from tritonstack.runtime import EmbeddedTriton
+    from tritonstack.core.ports import free_ports
+    from tritonstack.serve.runtime import EmbeddedTriton
 
     http, grpc, metrics = free_ports(3)
     with tempfile.TemporaryDirectory(prefix="tritonstack-check-") as folder:
@@ -137,10 +137,10 @@ def server_version() -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tritonstack import gateway as gw
-    from tritonstack import llm
-    from tritonstack.runtime import EmbeddedTriton, default_cache_dir
-    from tritonstack.supervisor import Supervisor
+    from tritonstack.serve import gateway as gw
+    from tritonstack.serve import llm
+    from tritonstack.serve.runtime import EmbeddedTriton, default_cache_dir
+    from tritonstack.serve.supervisor import Supervisor
 
     gw.check_arguments(args)
     http_port, grpc_port = gw.triton_ports(args)
@@ -231,9 +231,9 @@ def _wait(stop: threading.Event, signals: list[int], gateway, server=None) -> No
 def cmd_infer(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from tritonstack.client import fetch_signature, infer, new_sequence_id, table
-    from tritonstack.settings import load
-    from tritonstack.signature import load_arrays
+    from tritonstack.clients.client import fetch_signature, infer, new_sequence_id, table
+    from tritonstack.core.settings import load
+    from tritonstack.core.signature import load_arrays
 
     model = args.model or load().default_model
     url = args.url or f"{LOOPBACK}:{HTTP_PORT if args.protocol == 'http' else GRPC_PORT}"
@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not probe the public models every second and restart Triton when it fails",
     )
     gateway_arguments(p)
-    from tritonstack.llm import add_arguments as llm_arguments
+    from tritonstack.serve.llm import add_arguments as llm_arguments
 
     llm_arguments(p)
     p.set_defaults(func=cmd_serve)
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = build_parser().parse_args(argv)
     if getattr(args, "seed", 0) is None:
-        from tritonstack.export import SEED
+        from tritonstack.models.export import SEED
 
         args.seed = SEED
     try:

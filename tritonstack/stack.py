@@ -1,13 +1,13 @@
 """`tritonstack up`: Triton, the gateway, Prometheus and the Locust web UI on loopback, no Docker.
 
 The same services as the compose stack, on one machine: the embedded Triton
-(tritonstack.runtime) behind the HAProxy gateway (tritonstack.gateway, `--no-gateway` to skip it),
-Prometheus with the project's scrape jobs and rules rendered for loopback
-(tritonstack.promconfig), and Locust's web UI driving Triton with the project's locustfile and
-serving its client-side metrics to Prometheus. Prometheus is optional: without the binary the
-rest runs and one line says how to get it. With `--llm` the LLM (tritonstack.llm) is served beside
-the classifiers: the gateway routes its generate routes, Prometheus reads its `vllm:*` metrics on
-Triton's port, and Locust's `llm_stream` user type loads it.
+(tritonstack.serve.runtime) behind the HAProxy gateway (tritonstack.serve.gateway, `--no-gateway` to
+skip it), Prometheus with the project's scrape jobs and rules rendered for loopback
+(tritonstack.render.promconfig), and Locust's web UI driving Triton with the project's locustfile
+and serving its client-side metrics to Prometheus. Prometheus is optional: without the binary the
+rest runs and one line says how to get it. With `--llm` the LLM (tritonstack.serve.llm) is served
+beside the classifiers: the gateway routes its generate routes, Prometheus reads its `vllm:*`
+metrics on Triton's port, and Locust's `llm_stream` user type loads it.
 
 Every child runs in its own process group with PR_SET_PDEATHSIG, so Ctrl-C, SIGTERM, a crash of
 one child, or a kill of this process itself leaves nothing running.
@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonstack import DEFAULT_MODEL_REPOSITORY, processes
-from tritonstack.contract import (
+from tritonstack import DEFAULT_MODEL_REPOSITORY
+from tritonstack.core.contract import (
     GRPC_PORT,
     HTTP_PORT,
     LOCUST_METRICS_PORT,
@@ -36,10 +36,11 @@ from tritonstack.contract import (
     LOOPBACK,
     METRICS_PORT,
 )
-from tritonstack.errors import UserError
-from tritonstack.loadtest import LLM_USER_TYPE
-from tritonstack.project import project_dir
-from tritonstack.settings import load
+from tritonstack.core.errors import UserError
+from tritonstack.core.project import project_dir
+from tritonstack.core.settings import load
+from tritonstack.load.loadtest import LLM_USER_TYPE
+from tritonstack.serve import processes
 
 ROOT = project_dir()
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
@@ -143,7 +144,7 @@ def find_prometheus(option: str | None) -> str | None:
 
 
 def prometheus_child(binary: str, args: argparse.Namespace, run_dir: Path, logs: Path) -> Child:
-    from tritonstack.promconfig import render
+    from tritonstack.render.promconfig import render
 
     exporters = [] if args.no_locust else [f"{ADDRESS}:{args.locust_metrics_port}"]
     gateway_metrics = f"{ADDRESS}:{args.gateway_metrics_port}" if args.gateway else None
@@ -235,8 +236,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=180.0, help="seconds to wait for each service"
     )
-    from tritonstack.gateway import add_arguments
-    from tritonstack.llm import add_arguments as add_llm_arguments
+    from tritonstack.serve.gateway import add_arguments
+    from tritonstack.serve.llm import add_arguments as add_llm_arguments
 
     add_arguments(parser)
     add_llm_arguments(parser)
@@ -262,9 +263,9 @@ class _Stack:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tritonstack import gateway as gw
-    from tritonstack import llm
-    from tritonstack.runtime import EmbeddedTriton, default_cache_dir
+    from tritonstack.serve import gateway as gw
+    from tritonstack.serve import llm
+    from tritonstack.serve.runtime import EmbeddedTriton, default_cache_dir
 
     args.address = ADDRESS
     gw.check_arguments(args)

@@ -4,8 +4,8 @@
 An investigation tool for docs/scaling.md, not part of the installed package. It builds a model
 of one Triton replica from the benchmark's measured concurrency sweep (docs/benchmarks/
 results.json: `pipeline` over HTTP/JSON at 1-64 requests in flight), puts the gateway's
-admission control (tritonstack/gateway.py's limits, which the Kubernetes gateway gets) in front
-of N such replicas, and runs the HorizontalPodAutoscaler algorithm as the Kubernetes
+admission control (tritonstack/serve/gateway.py's limits, which the Kubernetes gateway gets) in
+front of N such replicas, and runs the HorizontalPodAutoscaler algorithm as the Kubernetes
 documentation and the controller's replica calculator describe it: the ratio of the pods'
 average metric to the target, a 0.1 tolerance, pods without a metric yet counted as 0 when
 scaling up, the stabilisation windows and the scale policies of deploy/kubernetes/base/hpa.yaml
@@ -144,7 +144,7 @@ class HpaSpec:
 def gateway_limits() -> tuple[int, int]:
     """(requests in flight per pod, waiting requests per pod): the gateway's admission settings
     (stack.env, which deploy/kubernetes/base/generated/gateway.env copies)."""
-    from tritonstack.settings import load
+    from tritonstack.core.settings import load
 
     settings = load()
     return settings.GATEWAY_MAXCONN, settings.GATEWAY_QUEUE_PER_REPLICA

@@ -16,9 +16,9 @@ import pytest
 from tests.standins.build import build as build_standins
 from tests.standins.engine import PrivateEngine, missing_tools
 from tests.support import IN_CI, LLM_REPOSITORY, REPOSITORY, require_tool
-from tritonstack.gateway import Gateway
-from tritonstack.ports import free_ports
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir
+from tritonstack.core.ports import free_ports
+from tritonstack.serve.gateway import Gateway
+from tritonstack.serve.runtime import EmbeddedTriton, default_cache_dir
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +51,7 @@ def gateway_in_front_of(triton: EmbeddedTriton, log_dir: Path) -> Iterator[Gatew
 def llm_triton_serving(log_dir: Path) -> Iterator[EmbeddedTriton]:
     """A new embedded runtime serving what `tritonstack serve --llm` serves: the classifier
     family and `llm` (the tiny local Llama on the real vLLM engine)."""
-    from tritonstack.tinyllm import ensure_tiny_model
+    from tritonstack.serve.tinyllm import ensure_tiny_model
 
     http, grpc, metrics = free_ports(3)
     server = EmbeddedTriton(

@@ -26,9 +26,9 @@ from tests.unit.test_autoscaling_query import (
     adapter_query,
     keda_query,
 )
-from tritonstack.ports import free_ports
-from tritonstack.promconfig import render
-from tritonstack.runtime import EmbeddedTriton
+from tritonstack.core.ports import free_ports
+from tritonstack.render.promconfig import render
+from tritonstack.serve.runtime import EmbeddedTriton
 
 LOAD_SECONDS = 30
 
@@ -55,7 +55,7 @@ def poll(base: str, query: str, accept, seconds: float) -> dict[frozenset, float
 
 
 def test_queries_return_a_per_pod_queue_time_idle_and_under_load(tmp_path: Path) -> None:
-    from tritonstack.loadtest import run_headless
+    from tritonstack.load.loadtest import run_headless
 
     http, grpc, metrics = free_ports(3)
     server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=tmp_path / "triton.log")

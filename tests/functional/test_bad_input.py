@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support import embeddings
-from tritonstack.client import infer
+from tritonstack.clients.client import infer
 
 
 def post(server, path: str, body: bytes | str, headers: dict | None = None) -> tuple[int, str]:

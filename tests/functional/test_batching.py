@@ -16,7 +16,7 @@ from bench.servers import start_triton
 from bench.variants import write_variant
 from tests.support import require_tool
 from tritonstack import DEFAULT_MODEL_REPOSITORY
-from tritonstack.metrics import model_value, scrape
+from tritonstack.clients.metrics import model_value, scrape
 
 CONNECTIONS = 32
 SECONDS = 3

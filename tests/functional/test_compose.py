@@ -17,10 +17,10 @@ import pytest
 from tests.support import REPOSITORY, ROOT, compose_seconds
 from tests.unit.test_compose import COMPOSE, assert_listens, compose_config
 from tests.unit.test_health import healthcheck
-from tritonstack import health
-from tritonstack.errors import UserError
-from tritonstack.gateway import check_config
-from tritonstack.settings import load
+from tritonstack.core import health
+from tritonstack.core.errors import UserError
+from tritonstack.core.settings import load
+from tritonstack.serve.gateway import check_config
 
 
 def test_healthcheck_passes_on_a_serving_triton(triton) -> None:
@@ -40,7 +40,7 @@ def test_healthcheck_fails_on_a_broken_model_or_server(triton) -> None:
     assert missing.returncode == 1
     assert "healthy: pipeline" in missing.stdout
     assert "unhealthy: nope: HTTP 404 for /v2/models/nope" in missing.stderr
-    from tritonstack.ports import free_ports
+    from tritonstack.core.ports import free_ports
 
     (closed,) = free_ports(1)
     down = healthcheck("--url", f"127.0.0.1:{closed}", "--timeout", "2", "--model", "pipeline")
@@ -54,8 +54,8 @@ def test_healthcheck_fails_when_a_stub_is_killed_while_2_51_stays_ready(tmp_path
 
     import psutil
 
-    from tritonstack.ports import free_ports
-    from tritonstack.runtime import EmbeddedTriton
+    from tritonstack.core.ports import free_ports
+    from tritonstack.serve.runtime import EmbeddedTriton
 
     http, grpc, metrics = free_ports(3)
     server = EmbeddedTriton(REPOSITORY, http, grpc, metrics, log_path=tmp_path / "triton.log")
@@ -112,8 +112,8 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 def test_healthcheck_calls_a_slow_server_busy_within_its_deadline(tmp_path: Path) -> None:
     """A live server slower than the check's deadline: exit 0 (busy), and the check ends before
     its deadline plus Python's start, so Docker's timeout (above the deadline) never cuts it."""
-    from tritonstack.ports import free_ports
-    from tritonstack.runtime import EmbeddedTriton
+    from tritonstack.core.ports import free_ports
+    from tritonstack.serve.runtime import EmbeddedTriton
 
     repository = tmp_path / "repository"
     (repository / "slow" / "1").mkdir(parents=True)
@@ -164,7 +164,7 @@ def gpu(tmp_path_factory) -> dict:
 
 
 def test_gateway_runs_the_one_config_with_limits_from_the_repository(gpu: dict) -> None:
-    from tritonstack.gateway import HAPROXY_FLAGS, SOFT_STOP_SECONDS, limits
+    from tritonstack.serve.gateway import HAPROXY_FLAGS, SOFT_STOP_SECONDS, limits
 
     gateway = gpu["services"]["gateway"]
     assert re.fullmatch(r"haproxy:3\.\d+\.\d+-alpine", gateway["image"]), gateway["image"]
@@ -212,7 +212,7 @@ def llm_healthcheck(gpu: dict, http_url: str) -> subprocess.CompletedProcess:
     against `http_url` instead of its serving address."""
     test = gpu["services"]["triton-llm"]["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python3", "/opt/tritonstack/healthcheck.py"]
-    script = str(ROOT / "tritonstack" / "health.py")
+    script = str(ROOT / "tritonstack" / "core" / "health.py")
     command = [sys.executable, script, *test[3:], "--url", http_url]
     return subprocess.run(command, capture_output=True, text=True, timeout=30)
 

@@ -37,8 +37,8 @@ from tritonclient.utils import InferenceServerException
 from tests import own_models
 from tests.functional.conftest import COMPOSE_TIMINGS
 from tests.support import compose_seconds, copy_project, embeddings
-from tritonstack.client import infer
-from tritonstack.settings import load
+from tritonstack.clients.client import infer
+from tritonstack.core.settings import load
 
 #: A cold start builds the stand-ins (debootstrap, wheels) before compose builds our images.
 pytestmark = pytest.mark.timeout(900)

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from tests.support import REPOSITORY
-from tritonstack.runtime import EmbeddedTriton
+from tritonstack.serve.runtime import EmbeddedTriton
 
 
 def test_model_config_name_falls_back_to_config_pbtxt(tmp_path: Path) -> None:
@@ -15,7 +15,7 @@ def test_model_config_name_falls_back_to_config_pbtxt(tmp_path: Path) -> None:
     a model's configs/gpu.pbtxt is used where it exists and config.pbtxt everywhere else."""
     import tritonclient.http as httpclient
 
-    from tritonstack.ports import free_ports
+    from tritonstack.core.ports import free_ports
 
     repo = tmp_path / "model_repository"
     shutil.copytree(REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))

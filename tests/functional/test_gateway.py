@@ -24,12 +24,12 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import ROOT, embeddings, require_tool
 from tritonstack.cli import main as cli_main
-from tritonstack.client import infer
-from tritonstack.gateway import Gateway
-from tritonstack.limits import limits
-from tritonstack.metrics import scrape
-from tritonstack.ports import free_ports
-from tritonstack.settings import load
+from tritonstack.clients.client import infer
+from tritonstack.clients.metrics import scrape
+from tritonstack.core.limits import limits
+from tritonstack.core.ports import free_ports
+from tritonstack.core.settings import load
+from tritonstack.serve.gateway import Gateway
 
 LIMITS = {m.model: m for m in limits().models}
 PUBLIC = load().public_models
@@ -413,7 +413,7 @@ def test_api_keys_guard_inference_and_rotate_without_restart(triton, tmp_path, c
 
 
 def test_public_address_without_keys_is_refused_before_starting(triton):
-    from tritonstack.errors import UserError
+    from tritonstack.core.errors import UserError
 
     with pytest.raises(UserError, match="without API keys"):
         Gateway.for_triton(triton, address="0.0.0.0").start()
@@ -449,7 +449,7 @@ def test_tls_terminates_with_the_users_certificate(triton, tmp_path):
 
 
 def test_the_example_keys_file_is_what_the_gateway_reads():
-    from tritonstack.gateway import CONFIG, parse_keys
+    from tritonstack.serve.gateway import CONFIG, parse_keys
 
     assert parse_keys(CONFIG.parent / "api-keys.example") == {
         "replace-me-with-a-random-key-0001": "example-client"
@@ -515,8 +515,9 @@ def test_runtime_socket_hands_out_no_listening_sockets(triton):
 
 
 def test_the_native_gateway_runs_one_thread_and_a_container_keeps_haproxys_default(gateway):
-    """Natively HAProxy shares the machine with Triton: one thread (tritonstack.gateway.THREADS,
-    measured cheaper per request on 2 cores); compose sets no GATEWAY_THREADS, so the official
+    """Natively HAProxy shares the machine with Triton: one thread
+    (tritonstack.serve.gateway.THREADS, measured cheaper per request on 2 cores); compose sets no
+    GATEWAY_THREADS, so the official
     image keeps HAProxy's one thread per CPU."""
     info = dict(
         line.split(": ", 1) for line in gateway.runtime("show info").splitlines() if ": " in line

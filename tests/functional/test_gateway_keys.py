@@ -20,8 +20,8 @@ import yaml
 from tests.functional.test_gateway import call, gateway_ports, infer_body
 from tests.functional.test_observability_live import blackbox_exporter
 from tests.support import ROOT, require_tool
-from tritonstack.gateway import Gateway
-from tritonstack.loadtest import run_headless
+from tritonstack.load.loadtest import run_headless
+from tritonstack.serve.gateway import Gateway
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 #: Where compose mounts the secrets volumes (tritonstack, tritonstack-clients); the tests keep

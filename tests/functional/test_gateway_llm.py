@@ -27,9 +27,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.functional.test_gateway import call, gateway_ports, stat_rows
 from tests.functional.test_gateway_limits import raw, request
-from tritonstack.contract import LLM_MODEL
-from tritonstack.gateway import Gateway, check_config, endpoint_rows
-from tritonstack.settings import load
+from tritonstack.core.contract import LLM_MODEL
+from tritonstack.core.settings import load
+from tritonstack.serve.gateway import Gateway, check_config, endpoint_rows
 
 SETTINGS = load()
 LLM_MAX_TOKENS = SETTINGS.GATEWAY_LLM_MAX_TOKENS

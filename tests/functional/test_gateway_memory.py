@@ -27,8 +27,8 @@ from tests import own_models
 from tests.functional.test_own_models import tritonstack
 from tests.functional.test_serve import serve_project
 from tests.support import copy_project, embeddings
-from tritonstack import limits
-from tritonstack.settings import load
+from tritonstack.core import limits
+from tritonstack.core.settings import load
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.support import REPOSITORY, require_tool
-from tritonstack import processes
-from tritonstack.gateway import Gateway
-from tritonstack.ports import free_ports
-from tritonstack.runtime import EmbeddedTriton
+from tritonstack.core.ports import free_ports
+from tritonstack.serve import processes
+from tritonstack.serve.gateway import Gateway
+from tritonstack.serve.runtime import EmbeddedTriton
 
 MODELS = ["classifier", "pipeline", "classify", "postprocess", "nope", ""]
 DATATYPES = ["FP32", "FP64", "INT32", "BYTES", "BOOL", "FP16", "UINT8", "garbage", ""]

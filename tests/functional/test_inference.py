@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.support import ROOT, embeddings
-from tritonstack.client import infer
+from tritonstack.clients.client import infer
 
 
 def url(triton, protocol: str) -> str:
@@ -52,7 +52,7 @@ def test_pipeline_and_classify_agree(triton, protocol):
 
 def test_classify_routes_to_onnx_without_tensorrt(triton):
     """On CPU `classifier_trt` is not served, so classify's one sub-request goes to `classifier`."""
-    from tritonstack.metrics import model_value, scrape
+    from tritonstack.clients.metrics import model_value, scrape
 
     before = scrape(triton.metrics_url)
     infer(triton.http_url, "classify", embeddings(5, seed=5))

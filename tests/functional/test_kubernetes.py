@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 from tests.unit.test_kubernetes import render
-from tritonstack import contract, processes
+from tritonstack.core import contract
+from tritonstack.core.ports import free_ports
 from tritonstack.launcher.start import Settings
-from tritonstack.ports import free_ports
-from tritonstack.runtime import EmbeddedTriton, default_cache_dir, prepare_backends
+from tritonstack.serve import processes
+from tritonstack.serve.runtime import EmbeddedTriton, default_cache_dir, prepare_backends
 
 CONFIG = """backend: "python"
 max_batch_size: 0

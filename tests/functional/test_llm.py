@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.support import LLM_REPOSITORY
-from tritonstack.contract import LLM_MODEL
+from tritonstack.core.contract import LLM_MODEL
 
 
 def post(triton, route: str, body, timeout: float = 60.0) -> tuple[int, dict]:
@@ -69,8 +69,9 @@ GREEDY = {"temperature": 0, "max_tokens": 24, "ignore_eos": True}
 
 
 def test_the_tiny_model_brings_its_own_engine_arguments(llm_triton):
-    """tritonstack.tinyllm's engine.json reaches the engine over model.json's: it runs eager."""
-    from tritonstack.tinyllm import ENGINE_ARGUMENTS
+    """tritonstack.serve.tinyllm's engine.json reaches the engine over model.json's: it runs
+    eager."""
+    from tritonstack.serve.tinyllm import ENGINE_ARGUMENTS
 
     log = llm_triton.log_path.read_text(errors="replace")
     config = next(line for line in log.splitlines() if "Initializing a V1 LLM engine" in line)
@@ -260,7 +261,7 @@ def test_the_tiny_model_is_the_same_files_every_time(tmp_path):
     """Generated on each fresh machine, so a rebuilt cache must hold the same model."""
     import hashlib
 
-    from tritonstack.tinyllm import ensure_tiny_model
+    from tritonstack.serve.tinyllm import ensure_tiny_model
 
     def digests(folder):
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}

@@ -13,7 +13,7 @@ import psutil
 from tests.functional.test_llm import post
 from tests.functional.test_serve import start_serve, wait_for_line, wait_gone
 from tests.support import REPOSITORY, wait_routed
-from tritonstack.contract import LLM_MODEL
+from tritonstack.core.contract import LLM_MODEL
 
 
 def generate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

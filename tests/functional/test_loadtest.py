@@ -22,9 +22,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.test_loadtest import gates, run_cli
-from tritonstack.loadtest import locust_command, run_headless
-from tritonstack.metrics import model_value, scrape
-from tritonstack.ports import free_ports
+from tritonstack.clients.metrics import model_value, scrape
+from tritonstack.core.ports import free_ports
+from tritonstack.load.loadtest import locust_command, run_headless
 
 BUCKETS = {
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,

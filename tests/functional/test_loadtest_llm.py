@@ -18,8 +18,8 @@ import pytest
 from tests.functional.test_loadtest import client_value, exposition
 from tests.support import ROOT
 from tests.unit.test_loadtest import gates, run_cli
-from tritonstack.contract import LLM_MODEL
-from tritonstack.loadtest import LLM_USER_TYPE
+from tritonstack.core.contract import LLM_MODEL
+from tritonstack.load.loadtest import LLM_USER_TYPE
 
 MAX_TOKENS = 16
 #: docs/loadtesting.md's LLM run: limits a tiny model on two busy cores meets with room.

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from tritonstack.contract import LLM_MODEL
-from tritonstack.loadtest import LOCUST_CONF, LOCUSTFILE
-from tritonstack.ports import free_ports
-from tritonstack.runtime import default_cache_dir
+from tritonstack.core.contract import LLM_MODEL
+from tritonstack.core.ports import free_ports
+from tritonstack.load.loadtest import LOCUST_CONF, LOCUSTFILE
+from tritonstack.serve.runtime import default_cache_dir
 
 REQUIREMENTS = ROOT / "loadtest" / "requirements.txt"
 #: (user type, model): every user type users.py defines, spread over the three models.

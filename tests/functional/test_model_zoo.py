@@ -28,8 +28,8 @@ from tests import model_zoo
 from tests.functional.test_own_models import tritonstack
 from tests.functional.test_serve import serve_project
 from tests.support import copy_project
-from tritonstack.client import fetch_signature
-from tritonstack.settings import load, with_public_model
+from tritonstack.clients.client import fetch_signature
+from tritonstack.core.settings import load, with_public_model
 
 pytestmark = pytest.mark.timeout(900)
 #: The model that does not load: a copy of vector_output whose config says its output has two
@@ -59,15 +59,15 @@ def project(tmp_path_factory, zoo):
     # Public, as a user who added it by hand to stack.env would have it.
     stack = root / "stack.env"
     stack.write_text(with_public_model(stack.read_text(), BROKEN))
-    derived = subprocess.run([sys.executable, "-m", "tritonstack.derived"], capture_output=True,
-                             text=True, timeout=60,
+    derived = subprocess.run([sys.executable, "-m", "tritonstack.render.derived"],
+                             capture_output=True, text=True, timeout=60,
                              env={**os.environ, "TRITONSTACK_PROJECT_DIR": str(root)})  # fmt: skip
     assert derived.returncode == 0, derived.stderr
     return root
 
 
 def test_each_model_is_written_as_its_class_needs(project, zoo):
-    from tritonstack.repository import iter_models
+    from tritonstack.core.repository import iter_models
 
     models = {m.name: m for m in iter_models(project / "model_repository")}
     for model in zoo.values():
@@ -182,7 +182,7 @@ def post_json(url: str, model: str, arrays, signature) -> tuple[int, str]:
 
 
 def json_answer(url: str, model: str, arrays, signature) -> dict[str, np.ndarray]:
-    from tritonstack.signature import numpy_type
+    from tritonstack.core.signature import numpy_type
 
     status, text = post_json(url, model, arrays, signature)
     assert status == 200, text
@@ -254,8 +254,8 @@ def test_a_bad_request_is_a_4xx_and_every_model_keeps_serving(served, name):
     assert words in json.loads(text)["error"], text
     assert served["process"].poll() is None
     healthy = subprocess.run(
-        [sys.executable, "-m", "tritonstack.health", "--url", served["triton"], "--model", name,
-         "--repeat", "1"], capture_output=True, text=True, timeout=30,
+        [sys.executable, "-m", "tritonstack.core.health", "--url", served["triton"],
+         "--model", name, "--repeat", "1"], capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert healthy.returncode == 0 and healthy.stdout.startswith(f"healthy: {name}"), healthy
 
@@ -276,9 +276,9 @@ def test_the_model_that_did_not_load_is_named_by_the_gateway_health_and_top(serv
     assert response.status == 503 and f"{BROKEN} is not loaded on this server" in text, text
     public = " ".join(load(project / "stack.env").public_models)
     health = subprocess.run(
-        [sys.executable, "-m", "tritonstack.health", "--url", served["triton"], "--repeat", "1",
-         "--model", "vector_output", "--model", BROKEN], capture_output=True, text=True,
-        timeout=30, env={**os.environ, "PUBLIC_MODELS": public},
+        [sys.executable, "-m", "tritonstack.core.health", "--url", served["triton"],
+         "--repeat", "1", "--model", "vector_output", "--model", BROKEN],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "PUBLIC_MODELS": public},
     )  # fmt: skip
     assert health.returncode == 0, health.stderr  # serving what it can: no restart
     assert f"not loaded: {BROKEN}: " in health.stderr and "healthy: vector_output" in health.stdout
@@ -311,8 +311,9 @@ def test_the_deep_probe_passes_for_every_model_and_fails_for_the_one_not_loaded(
             assert f"\nprobe_success {success}\n" in text, (name, text[-600:])
     # The container's health check builds the same requests, straight to Triton: every model.
     checked = subprocess.run(
-        [sys.executable, "-m", "tritonstack.health", "--url", served["triton"], "--repeat", "1",
-         *(f"--model={name}" for name in zoo)], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "tritonstack.core.health", "--url", served["triton"],
+         "--repeat", "1", *(f"--model={name}" for name in zoo)],
+        capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert checked.returncode == 0, checked.stderr
     assert sorted(line.split(":")[1].strip() for line in checked.stdout.splitlines()) == sorted(zoo)

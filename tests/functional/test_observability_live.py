@@ -1,15 +1,15 @@
 """Every dashboard query and every recording rule, run against a real Prometheus.
 
 The stack of the compose file, on loopback: the embedded tritonserver behind the gateway
-(Debian's HAProxy running gateway/haproxy.cfg, tritonstack.gateway), Debian's `prometheus` with
-the project's prometheus.yml rendered for the test's ports (same jobs, intervals and rule files),
-a spike of wrk connections past the gateway's capacity (so its refusals have something to
-count), then Locust driving `pipeline` through the gateway with tritonstack.loadtest.run_headless
-(its exporter is the `locust` job) and a few tritonclient threads driving `classify`, all where a
-user's client would send them. Then Prometheus' HTTP API is asked every panel's query and every
-recording rule, and each must return at least one series with a plausible value. The rules'
-series are read back from Prometheus' storage, so they also prove that Prometheus itself
-evaluates the rule files.
+(Debian's HAProxy running gateway/haproxy.cfg, tritonstack.serve.gateway), Debian's `prometheus`
+with the project's prometheus.yml rendered for the test's ports (same jobs, intervals and rule
+files), a spike of wrk connections past the gateway's capacity (so its refusals have something to
+count), then Locust driving `pipeline` through the gateway with
+tritonstack.load.loadtest.run_headless (its exporter is the `locust` job) and a few tritonclient
+threads driving `classify`, all where a user's client would send them. Then Prometheus' HTTP API is
+asked every panel's query and every recording rule, and each must return at least one series with a
+plausible value. The rules' series are read back from Prometheus' storage, so they also prove that
+Prometheus itself evaluates the rule files.
 
 GPU-only panels are exempt on this CPU runtime and listed in the test output; nothing else is.
 """
@@ -34,13 +34,14 @@ import yaml
 from bench.loadgen import Generator, Target
 from bench.runner import model_signatures
 from tests.support import REPOSITORY, embeddings, end_locust_runs, require_tool
-from tritonstack import dashboards, processes
-from tritonstack.gateway import Gateway
-from tritonstack.metrics import scrape
-from tritonstack.ports import free_ports
-from tritonstack.promconfig import PROMETHEUS_DIR, render, render_blackbox
-from tritonstack.runtime import EmbeddedTriton
-from tritonstack.settings import load
+from tritonstack.clients.metrics import scrape
+from tritonstack.core.ports import free_ports
+from tritonstack.core.settings import load
+from tritonstack.render import dashboards
+from tritonstack.render.promconfig import PROMETHEUS_DIR, render, render_blackbox
+from tritonstack.serve import processes
+from tritonstack.serve.gateway import Gateway
+from tritonstack.serve.runtime import EmbeddedTriton
 
 LOAD_SECONDS = 30  # Locust's run; Prometheus is polled while it runs
 DEADLINE_SECONDS = 40  # from the start of the load until every query must have answered
@@ -319,7 +320,7 @@ def wait_for_first_scrape(base: str, job: str, seconds: float = 20) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from tritonstack.loadtest import run_headless
+    from tritonstack.load.loadtest import run_headless
 
     tmp = tmp_path_factory.mktemp("observability")
     http, grpc, metrics, locust_metrics = free_ports(4)

@@ -34,9 +34,9 @@ from tests.functional.test_observability_live import (
     some_positive,
     wait_for_first_scrape,
 )
-from tritonstack import dashboards
-from tritonstack.contract import LLM_MODEL
-from tritonstack.promconfig import PROMETHEUS_DIR, render
+from tritonstack.core.contract import LLM_MODEL
+from tritonstack.render import dashboards
+from tritonstack.render.promconfig import PROMETHEUS_DIR, render
 
 DEADLINE_SECONDS = 60  # from the first request until every query must have answered
 CLIENTS = 2

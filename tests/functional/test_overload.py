@@ -3,7 +3,7 @@ Retry-After, accepted requests stay bounded, nothing is dropped, and Triton neve
 
 The models carry no queue policy (it stalls the dynamic batcher, see tritonstack check); the
 gateway's per-replica `maxconn` and its short queue are the only admission control. The
-committed limits (tritonstack/gateway.py: 32 in flight + 32 waiting per replica) are sized for
+committed limits (tritonstack/serve/gateway.py: 32 in flight + 32 waiting per replica) are sized for
 real capacity; overflowing them takes more clients than a 2-core test machine can drive without
 starving the server, so this gateway is started with 4 + 4: the same rules, reached by a
 24-client spike. The limits below are the ones the queue-policy version of this test had.
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from tests.support import require_tool
-from tritonstack.gateway import Gateway
-from tritonstack.metrics import model_value, scrape
-from tritonstack.ports import free_ports
+from tritonstack.clients.metrics import model_value, scrape
+from tritonstack.core.ports import free_ports
+from tritonstack.serve.gateway import Gateway
 
 CLIENTS = 24
 REQUESTS_PER_CLIENT = 40

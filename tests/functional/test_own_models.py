@@ -79,7 +79,7 @@ def test_add_model_writes_the_model_and_everything_derived_from_it(project):
         in (project / "stack.env").read_text()
     )
     # Every derived file is written again, so nothing is stale ...
-    for module in ("tritonstack.derived", "tritonstack.k8s"):
+    for module in ("tritonstack.render.derived", "tritonstack.render.k8s"):
         check = subprocess.run(
             [sys.executable, "-m", module, "--check"],
             capture_output=True,
@@ -230,7 +230,7 @@ def test_the_gateway_serves_the_two_input_model_as_onnx_computes_it(served, prot
 
 
 def test_infer_prints_the_labels_and_reads_an_npz(served, tmp_path):
-    from tritonstack.client import fetch_signature
+    from tritonstack.clients.client import fetch_signature
 
     shown = subprocess.run(
         [sys.executable, "-m", "tritonstack.cli", "infer", "--url", served["http"],
@@ -343,8 +343,8 @@ def test_the_health_check_and_the_supervisor_call_the_added_models(served, proje
     serve's supervisor, which probes them every second: their requests reach ranker, and none
     of them fails."""
     from tests.unit.test_health import healthcheck
-    from tritonstack.metrics import model_value, scrape
-    from tritonstack.settings import load
+    from tritonstack.clients.metrics import model_value, scrape
+    from tritonstack.core.settings import load
 
     metrics = f"http://{served['metrics']}/metrics"
 

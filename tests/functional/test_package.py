@@ -41,7 +41,7 @@ def test_the_wheel_holds_the_product_and_no_benchmark_code(tmp_path):
     size = tree_mb(site_packages(core)) - tree_mb(site_packages(empty))
     assert size <= CORE_LIMIT_MB, f"the core installs {size:.0f} MB"
     read = subprocess.run(
-        [str(core / "bin" / "python"), "-c", "from tritonstack.repository import iter_models; "
+        [str(core / "bin" / "python"), "-c", "from tritonstack.core.repository import iter_models; "
          f"print(sorted(m.name for m in iter_models({str(ROOT / 'model_repository')!r})))"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip

@@ -25,10 +25,10 @@ from tritonclient.utils import InferenceServerException
 
 from tests.functional.test_serve import segments_of, shm_prefix, start_serve, wait_for_line
 from tests.support import REPOSITORY, wait_routed
-from tritonstack.client import ClosedLoop, infer
-from tritonstack.contract import ADMIN_HEADER
-from tritonstack.ports import free_ports
-from tritonstack.runtime import STUB_EXECUTABLE, EmbeddedTriton, stub_instance
+from tritonstack.clients.client import ClosedLoop, infer
+from tritonstack.core.contract import ADMIN_HEADER
+from tritonstack.core.ports import free_ports
+from tritonstack.serve.runtime import STUB_EXECUTABLE, EmbeddedTriton, stub_instance
 
 
 class Output(threading.Thread):
@@ -213,7 +213,7 @@ def test_asking_for_a_restricted_api_opens_it_with_the_admin_key(tmp_path, monke
     """TRITONSTACK_ADMIN_APIS names groups the admin key opens besides the stack's own (the
     repository index, which the runtime's readiness reads, and statistics); the others stay
     shut."""
-    from tritonstack.contract import ADMIN_APIS_ENV
+    from tritonstack.core.contract import ADMIN_APIS_ENV
 
     monkeypatch.setenv(ADMIN_APIS_ENV, "trace")
     empty = tmp_path / "repository"
@@ -252,17 +252,17 @@ def test_grpc_statistics_need_the_secret_header(triton):
 
 
 def test_admin_key_is_generated_private_and_not_in_the_repository(tmp_path, monkeypatch):
-    from tritonstack.runtime import load_admin_key
+    from tritonstack.launcher.flags import local_admin_key
 
     monkeypatch.delenv("TRITONSTACK_ADMIN_KEY", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    key = load_admin_key()
+    key = local_admin_key()
     path = tmp_path / "tritonstack" / "admin-key"
     assert len(key) >= 32
     assert path.stat().st_mode & 0o777 == 0o600
-    assert load_admin_key() == key  # stable across starts
+    assert local_admin_key() == key  # stable across starts
     monkeypatch.setenv("TRITONSTACK_ADMIN_KEY", "from-the-environment")
-    assert load_admin_key() == "from-the-environment"
+    assert local_admin_key() == "from-the-environment"
     assert not list(REPOSITORY.parent.glob("**/admin-key"))
 
 

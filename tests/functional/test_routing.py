@@ -15,10 +15,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support import REPOSITORY, embeddings
-from tritonstack.client import infer
-from tritonstack.metrics import model_value, scrape
-from tritonstack.ports import free_ports
-from tritonstack.runtime import EmbeddedTriton
+from tritonstack.clients.client import infer
+from tritonstack.clients.metrics import model_value, scrape
+from tritonstack.core.ports import free_ports
+from tritonstack.serve.runtime import EmbeddedTriton
 
 
 def make_repository(root):

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tests.support import REPOSITORY
-from tritonstack.ports import free_ports
+from tritonstack.core.ports import free_ports
 
 SHM = Path("/dev/shm")
 

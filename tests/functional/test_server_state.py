@@ -22,12 +22,12 @@ from tests import model_zoo
 from tests.functional.test_gateway import gateway_ports, stot
 from tests.functional.test_own_models import tritonstack
 from tests.support import copy_project, require_tool
-from tritonstack import health
-from tritonstack.client import fetch_signature, infer
-from tritonstack.gateway import Gateway
-from tritonstack.ports import free_ports
-from tritonstack.runtime import EmbeddedTriton
-from tritonstack.settings import load
+from tritonstack.clients.client import fetch_signature, infer
+from tritonstack.core import health
+from tritonstack.core.ports import free_ports
+from tritonstack.core.settings import load
+from tritonstack.serve.gateway import Gateway
+from tritonstack.serve.runtime import EmbeddedTriton
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "recurrent"

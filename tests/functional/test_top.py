@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tests.support import embeddings
 from tritonstack.cli import main
-from tritonstack.client import infer
+from tritonstack.clients.client import infer
 
 SERVED = ("classifier", "classify", "pipeline", "postprocess")
 
@@ -42,7 +42,7 @@ def test_top_once_under_load(triton, capsys):
     assert set(SERVED) <= set(rows), output
     requests, inferences, batch, queue, compute, failures = rows["classifier"][:6]
     assert float(requests) > 0, output
-    # Holds in every window although Triton's counters are read apart (tritonstack/top.py).
+    # Holds in every window although Triton's counters are read apart (tritonstack/clients/top.py).
     assert float(inferences) >= float(requests), output
     assert float(batch) >= 1.0, output
     assert float(queue) >= 0 and float(compute) > 0, output

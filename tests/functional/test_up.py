@@ -17,10 +17,10 @@ import psutil
 
 from tests.functional.test_serve import SHM, wait_for_line, wait_gone
 from tests.support import require_tool
-from tritonstack.contract import LLM_MODEL
-from tritonstack.loadtest import LLM_USER_TYPE
-from tritonstack.ports import free_ports
-from tritonstack.runtime import STUB_EXECUTABLE
+from tritonstack.core.contract import LLM_MODEL
+from tritonstack.core.ports import free_ports
+from tritonstack.load.loadtest import LLM_USER_TYPE
+from tritonstack.serve.runtime import STUB_EXECUTABLE
 
 READY_LINE = "Ctrl-C stops everything"
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonstack.runtime import default_cache_dir
+from tritonstack.serve.runtime import default_cache_dir
 
 STANDINS = Path(__file__).resolve().parent
 ROOT = STANDINS.parent.parent
@@ -213,7 +213,7 @@ def _context(standin: Standin, wheels: Path | None, scratch: Path) -> Path:
     if standin.folder == "tritonserver":
         backend = ROOT / "tritonstack" / "backends" / "onnxruntime" / "model.py"
         shutil.copy2(backend, context / "onnxruntime_backend.py")
-        shutil.copy2(ROOT / "tritonstack" / "onnxruntime_rules.py", context)
+        shutil.copy2(ROOT / "tritonstack" / "check" / "onnxruntime_rules.py", context)
     return context
 
 

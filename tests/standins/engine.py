@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tritonstack import processes
+from tritonstack.serve import processes
 
 
 def _tool(name: str) -> str | None:

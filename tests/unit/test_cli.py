@@ -9,9 +9,9 @@ from importlib.metadata import packages_distributions, requires
 
 import pytest
 
-from tritonstack.errors import EXTRAS, INSTALL
-from tritonstack.ports import free_ports
-from tritonstack.project import project_dir
+from tritonstack.core.errors import EXTRAS, INSTALL
+from tritonstack.core.ports import free_ports
+from tritonstack.core.project import project_dir
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -21,11 +21,11 @@ import pytest
 import yaml
 
 from tests.support import IN_CI, LLM_REPOSITORY, REPOSITORY, ROOT, compose_seconds, require_tool
-from tritonstack import contract
+from tritonstack.core import contract
+from tritonstack.core.limits import limits
+from tritonstack.core.repository import iter_models
+from tritonstack.core.settings import load
 from tritonstack.launcher.flags import EXIT_TIMEOUT_SECS
-from tritonstack.limits import limits
-from tritonstack.repository import iter_models
-from tritonstack.settings import load
 
 COMPOSE = ROOT / "docker-compose.yml"
 CPU = ROOT / "compose.cpu.yml"
@@ -414,7 +414,7 @@ def test_published_ports_stay_on_loopback_by_default(gpu: dict) -> None:
     ports = [p.split(":")[-1] for p in gpu["services"]["gateway"]["ports"]]
     assert ports == ["8000/tcp", "8001/tcp"]  # its metrics (8404) only on the compose network
     assert "${GATEWAY_BIND:-127.0.0.1}:8000:8000" in COMPOSE.read_text()
-    from tritonstack.contract import GRPC_PORT, HTTP_PORT
+    from tritonstack.core.contract import GRPC_PORT, HTTP_PORT
 
     assert [int(p.split(":")[-2]) for p in gpu["services"]["gateway"]["ports"]] == [
         HTTP_PORT,
@@ -643,7 +643,7 @@ def test_the_llm_never_starts_without_its_profile(env_file: Path) -> None:
 
 
 def test_llm_shares_triton_s_gpu_network_and_user(gpu: dict) -> None:
-    from tritonstack.mounts import READERS
+    from tritonstack.core.mounts import READERS
 
     llm, triton = gpu["services"]["triton-llm"], gpu["services"]["triton"]
     assert llm["profiles"] == ["llm"]
@@ -703,7 +703,7 @@ def test_llm_drains_within_the_gateway_s_stop_bounds(gpu: dict) -> None:
     """Compose stops the gateway and triton-llm at once (neither depends on the other): Triton's
     drain outlasts the gateway's soft stop, so no stream the gateway relays is cut by Triton,
     and Docker's SIGKILL comes after both."""
-    from tritonstack.gateway import SOFT_STOP_SECONDS
+    from tritonstack.serve.gateway import SOFT_STOP_SECONDS
 
     llm = gpu["services"]["triton-llm"]
     gateway = gpu["services"]["gateway"]
@@ -722,7 +722,7 @@ def test_llm_healthcheck_waits_for_the_model_and_its_first_download(gpu: dict) -
     script = "/opt/tritonstack/healthcheck.py"
     assert check["test"] == ["CMD", "python3", script, "--ready", "--model", contract.LLM_MODEL]
     mounts = [str(v) for v in gpu["services"]["triton-llm"]["volumes"]]
-    assert f"{ROOT / 'tritonstack' / 'health.py'}:{script}:ro" in mounts
+    assert f"{ROOT / 'tritonstack' / 'core' / 'health.py'}:{script}:ro" in mounts
     assert compose_seconds(check["timeout"]) > 4  # the request gives up first, with its error
     assert compose_seconds(check["start_period"]) >= 600  # ~1 GB download + vLLM's start
 
@@ -845,7 +845,7 @@ def test_llm_command_takes_a_key_from_the_environment_or_keeps_the_admin_apis_sh
 
 
 def test_llm_command_flags_are_ones_the_real_tritonserver_knows(gpu: dict, tmp_path: Path) -> None:
-    from tritonstack.runtime import EmbeddedTriton, pytriton_root
+    from tritonstack.serve.runtime import EmbeddedTriton, pytriton_root
 
     binary = pytriton_root() / "bin" / "tritonserver"
     env = EmbeddedTriton(REPOSITORY).environment()
@@ -931,9 +931,9 @@ def test_ci_installs_haproxy_and_lint_checks_the_config() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "need_apt+=(haproxy)" in ci
     makefile = (ROOT / "Makefile").read_text()
-    assert "python -m tritonstack.gateway --check" in makefile
+    assert "python -m tritonstack.serve.gateway --check" in makefile
     lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
     for tool in ("ruff check", "hadolint", "shellcheck", "yamllint", "promtool check rules",
-                 "tritonstack.gateway --check",
+                 "tritonstack.serve.gateway --check",
                  "docker-compose -f docker-compose.yml config"):  # fmt: skip
         assert tool in lint, f"`make lint` does not run {tool}"

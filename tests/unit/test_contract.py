@@ -1,4 +1,4 @@
-"""Everything that cannot import tritonstack/contract.py agrees with it: the stack's own ports
+"""Everything that cannot import tritonstack/core/contract.py agrees with it: the stack's own ports
 and names, which the entrypoint, the compose file, the images and haproxy.cfg's defaults spell
 out because they run where the package is not. (No model's contract is written anywhere but the
 model repository: clients ask the server.)
@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from tests.support import REPOSITORY, ROOT
-from tritonstack import contract
-from tritonstack.repository import iter_models
+from tritonstack.core import contract
+from tritonstack.core.repository import iter_models
 
 
 def module_constants(path: Path) -> dict[str, object]:
@@ -34,7 +34,7 @@ def module_constants(path: Path) -> dict[str, object]:
 #: file -> {its constant: the contract's name for it}, for the files that run without tritonstack.
 WRITTEN_OUT = {
     "loadtest/exporter.py": {"DEFAULT_PORT": "LOCUST_METRICS_PORT", "DEFAULT_ADDR": "LOOPBACK"},
-    "tritonstack/health.py": {"HTTP_PORT": "HTTP_PORT", "LOOPBACK": "LOOPBACK"},
+    "tritonstack/core/health.py": {"HTTP_PORT": "HTTP_PORT", "LOOPBACK": "LOOPBACK"},
 }
 
 
@@ -118,7 +118,7 @@ def test_gateway_config_defaults_are_the_contracts():
 def test_the_runtime_opens_the_admin_apis_and_shuts_the_rest(monkeypatch):
     """The embedded runtime's restricted-API flags: the admin APIs behind the admin key, the
     others behind a key drawn at each call; TRITONSTACK_ADMIN_APIS asks for more."""
-    from tritonstack.errors import UserError
+    from tritonstack.core.errors import UserError
     from tritonstack.launcher.flags import restricted_flags
 
     monkeypatch.delenv(contract.ADMIN_APIS_ENV, raising=False)

@@ -1,4 +1,4 @@
-"""Grafana dashboards: generated from tritonstack/dashboards.py, committed, and kept in sync.
+"""Grafana dashboards: generated from tritonstack/render/dashboards.py, committed, and kept in sync.
 
 Grafana cannot run here; what these tests prove is the JSON's shape. That every query returns
 data is proven by tests/functional/test_observability_live.py against a real Prometheus.
@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from tests.support import ROOT
-from tritonstack import dashboards
 from tritonstack.cli import main
+from tritonstack.render import dashboards
 
 SPECS = {spec.uid: spec for spec in dashboards.DASHBOARDS}
 
@@ -30,7 +30,7 @@ def all_panels(board: dict) -> list[dict]:
 def test_committed_json_is_what_the_code_generates(uid):
     spec = SPECS[uid]
     assert spec.path.read_text(encoding="utf-8") == dashboards.render(spec), (
-        f"{spec.path} drifted from tritonstack/dashboards.py: run `tritonstack dashboards` "
+        f"{spec.path} drifted from tritonstack/render/dashboards.py: run `tritonstack dashboards` "
         "and commit the result"
     )
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from tritonclient.grpc import model_config_pb2
 
 from tests.support import REPOSITORY
-from tritonstack import export
-from tritonstack.repository import iter_models
-from tritonstack.settings import load
+from tritonstack.core.repository import iter_models
+from tritonstack.core.settings import load
+from tritonstack.models import export
 
 DEMO_OUTPUTS = {
     "classifier": ("class",),

@@ -127,7 +127,7 @@ RUN_ELSEWHERE = {
     "kubectl kustomize deploy/kubernetes/overlays/gpu | grep -E '^kind:' | sort -u": (
         "tests/unit/test_kubernetes.py::test_scaling_doc_command_prints_what_the_doc_shows"
     ),
-    "python -m tritonstack.k8s": (
+    "python -m tritonstack.render.k8s": (
         "tests/unit/test_kubernetes.py::test_generated_copies_match_their_sources"
     ),
     "python deploy/kubernetes/simulate.py": (

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import REPOSITORY, ROOT
 from tritonstack.launcher.flags import shared_flags
-from tritonstack.runtime import EmbeddedTriton, pytriton_root
+from tritonstack.serve.runtime import EmbeddedTriton, pytriton_root
 
 ENTRYPOINT = [sys.executable, "-m", "tritonstack.launcher"]
 FAKES = ROOT / "tests" / "fakes"
@@ -584,7 +584,8 @@ def test_an_added_models_plan_is_built_with_the_profile_of_its_bounds(tmp_path: 
     import onnx
 
     from tests import model_zoo
-    from tritonstack import add_model, onnx_serving
+    from tritonstack.check import onnx_serving
+    from tritonstack.models import add_model
 
     zoo = model_zoo.image(tmp_path / "zoo")
     plan = onnx_serving.plan(zoo.path, shapes=onnx_serving.parse_shapes([zoo.options[1]]))
@@ -616,7 +617,7 @@ def test_inference_binds_only_the_serving_network_s_address(tmp_path: Path) -> N
     resolves to no address of this container stops the start with one line."""
     home = tmp_path / "home"
     home.mkdir()
-    (home / "healthcheck.py").symlink_to(ROOT / "tritonstack" / "health.py")
+    (home / "healthcheck.py").symlink_to(ROOT / "tritonstack" / "core" / "health.py")
     env = {"TRITONSTACK_HOME": str(home), "TRITONSTACK_SERVING_NAME": "localhost"}
     run = run_entrypoint(tmp_path, nvidia_smi=False, env=env)
     assert run.returncode == 0, run.output

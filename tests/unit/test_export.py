@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.support import IN_CI, REPOSITORY, embeddings
-from tritonstack.export import (
+from tritonstack.models.export import (
     METADATA_NAME,
     MIN_ACCURACY,
     TRAIN_FRACTION,
@@ -125,8 +125,9 @@ def differences(committed: onnx.ModelProto, fresh: onnx.ModelProto) -> list[str]
 def test_committed_model_has_not_drifted_from_the_exporter(exported, pinned_cpu):
     """Fails when model.onnx or its metadata is edited by hand or the exporter changes.
 
-    Training is pinned to one set of BLAS kernels on one thread (tritonstack.export.TRAINING_ENV),
-    so a re-export on any x86-64 CPU is the committed file bit for bit: no tolerance.
+    Training is pinned to one set of BLAS kernels on one thread
+    (tritonstack.models.export.TRAINING_ENV), so a re-export on any x86-64 CPU is the committed file
+    bit for bit: no tolerance.
     """
     _, first, _, _ = exported
     committed_path, fresh_path = (

@@ -1,6 +1,6 @@
 """gateway/haproxy.cfg against the values the code and the deployments hold for it.
 
-The config is one file for every runtime: the values stack.env and tritonstack.limits give it
+The config is one file for every runtime: the values stack.env and tritonstack.core.limits give it
 have no second copy in it, the native gateway's environment parses with it, and the stop bounds
 must nest: idle connections close before the soft stop's bound, which ends before the
 orchestrator's SIGKILL.
@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from tests.support import ROOT
-from tritonstack import gateway, limits, settings
-from tritonstack.errors import UserError
+from tritonstack.core import limits, settings
+from tritonstack.core.errors import UserError
+from tritonstack.serve import gateway
 
 CONFIG = (ROOT / "gateway" / "haproxy.cfg").read_text()
 

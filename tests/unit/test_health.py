@@ -1,6 +1,6 @@
-"""The health check (tritonstack/health.py, the image's healthcheck.py) against a stand-in Triton
-for the answers this machine cannot make a real one give on demand: load shedding (503), a dead
-stub behind a 503, a wrong answer, an answer that never comes. The real server's side is in
+"""The health check (tritonstack/core/health.py, the image's healthcheck.py) against a stand-in
+Triton for the answers this machine cannot make a real one give on demand: load shedding (503), a
+dead stub behind a 503, a wrong answer, an answer that never comes. The real server's side is in
 tests/functional (test_compose.py, test_reliability.py: a killed stub, a slow model)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 import pytest
 
 from tests.support import ROOT
-from tritonstack import health
+from tritonstack.core import health
 
-HEALTHCHECK = ROOT / "tritonstack" / "health.py"
+HEALTHCHECK = ROOT / "tritonstack" / "core" / "health.py"
 #: A model of the stand-in: two inputs (one INT64), an output with labels and one without.
 METADATA = {
     "name": "ranker",
@@ -186,7 +186,7 @@ def test_a_dead_stub_fails_even_behind_a_503():
 
 
 def test_no_server_is_dead_and_no_model_named_is_a_usage_error(tmp_path):
-    from tritonstack.ports import free_ports
+    from tritonstack.core.ports import free_ports
 
     (port,) = free_ports(1)
     result = healthcheck("--url", f"127.0.0.1:{port}", "--model", "ranker")

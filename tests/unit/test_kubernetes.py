@@ -24,11 +24,12 @@ import yaml
 
 from tests.support import ROOT, require_tool
 from tests.unit.test_autoscaling_query import adapter_query, same_query
-from tritonstack import contract, k8s
-from tritonstack import gateway as gateway_module
+from tritonstack.core import contract
+from tritonstack.core.limits import limits
+from tritonstack.core.settings import load
 from tritonstack.launcher.start import Settings
-from tritonstack.limits import limits
-from tritonstack.settings import load
+from tritonstack.render import k8s
+from tritonstack.serve import gateway as gateway_module
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 #: The oldest and newest Kubernetes whose schemas the manifests are checked against
@@ -115,7 +116,7 @@ def dockerfile_triton() -> str:
 
 def test_generated_copies_match_their_sources() -> None:
     stale = [p.relative_to(ROOT).as_posix() for p in k8s.stale()]
-    assert not stale, f"regenerate with `python -m tritonstack.k8s`: {stale}"
+    assert not stale, f"regenerate with `python -m tritonstack.render.k8s`: {stale}"
 
 
 def test_generator_check_mode_reports_a_stale_file(tmp_path: Path, capsys) -> None:

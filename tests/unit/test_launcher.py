@@ -9,9 +9,10 @@ from pathlib import Path
 
 from tests import model_zoo
 from tests.support import REPOSITORY, ROOT
-from tritonstack import add_model, onnx_serving
+from tritonstack.check import onnx_serving
 from tritonstack.launcher.model_config import ModelConfig, models
 from tritonstack.launcher.tensorrt import ENGINE_LINKS
+from tritonstack.models import add_model
 
 
 def test_the_launcher_imports_nothing_beyond_the_standard_library() -> None:

@@ -12,9 +12,9 @@ import pytest
 import tomllib
 
 from tests.support import LLM_REPOSITORY, ROOT
-from tritonstack.check import check_repository
-from tritonstack.contract import LLM_MODEL
-from tritonstack.repository import iter_models
+from tritonstack.check.repository import check_repository
+from tritonstack.core.contract import LLM_MODEL
+from tritonstack.core.repository import iter_models
 
 LOCK = ROOT / "requirements" / "llm-cpu.txt"
 

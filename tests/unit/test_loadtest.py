@@ -1,5 +1,5 @@
 """Load testing, the pure parts: the load shapes, the gates, the LLM's streamed answers
-(tritonstack.streaming, which Locust's user and `tritonstack generate` share), and the CLI's
+(tritonstack.clients.streaming, which Locust's user and `tritonstack generate` share), and the CLI's
 mistakes as one line. tests/functional/test_loadtest.py runs Locust against the real
 server, tests/functional/test_loadtest_llm.py the LLM user against the real vLLM engine."""
 
@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from tests.support import ROOT
-from tritonstack import contract
-from tritonstack import streaming as generation
+from tritonstack.clients import streaming as generation
+from tritonstack.core import contract
 
 
 def load(name: str):

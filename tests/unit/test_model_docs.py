@@ -11,7 +11,7 @@ import pytest
 from tests import model_zoo
 from tests.support import ROOT
 from tests.unit.test_docs import ZOO_COMMANDS
-from tritonstack import onnx_serving
+from tritonstack.check import onnx_serving
 
 PAGE = (ROOT / "docs" / "models.md").read_text()
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.support import ROOT
-from tritonstack.mounts import READERS, bind_mounts, check_mounts
+from tritonstack.core.mounts import READERS, bind_mounts, check_mounts
 
 COMPOSE = ROOT / "docker-compose.yml"
 

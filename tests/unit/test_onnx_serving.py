@@ -1,4 +1,4 @@
-"""What add-model learns from a graph and one run of it (tritonstack.onnx_serving), for every
+"""What add-model learns from a graph and one run of it (tritonstack.check.onnx_serving), for every
 class of model in tests/model_zoo.py, and each refusal with its fix."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests import model_zoo
-from tritonstack import onnx_serving
-from tritonstack.errors import UserError
-from tritonstack.onnx_serving import BOUNDS_PARAMETER, STATE_PARAMETER, parse_shapes, plan
+from tritonstack.check import onnx_serving
+from tritonstack.check.onnx_serving import BOUNDS_PARAMETER, STATE_PARAMETER, parse_shapes, plan
+from tritonstack.core.errors import UserError
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +222,7 @@ def test_shapes_are_written_as_trtexec_writes_them():
 def test_state_kept_in_the_server_is_the_sequence_batchers(tmp_path):
     """--server-state: the state pair leaves the config's inputs and outputs for
     sequence_batching's state (zeros to start), no client-state parameter, one row a request."""
-    from tritonstack.add_model import cpu_config, gpu_config, wants_tensorrt
+    from tritonstack.models.add_model import cpu_config, gpu_config, wants_tensorrt
 
     model = model_zoo.recurrent(tmp_path)
     found = plan(model.path, None, {}, None, server_state=True)
@@ -245,7 +245,7 @@ def test_state_kept_in_the_server_is_the_sequence_batchers(tmp_path):
 def message_from_text(text: str):
     from google.protobuf import text_format
 
-    from tritonstack.config_text import ModelConfig
+    from tritonstack.core.config_text import ModelConfig
 
     return text_format.Parse(text, ModelConfig())
 

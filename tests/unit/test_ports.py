@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from tritonstack import contract, gateway, ports
-from tritonstack.errors import UserError
+from tritonstack.core import contract, ports
+from tritonstack.core.errors import UserError
+from tritonstack.serve import gateway
 
 
 def test_the_ephemeral_range_read_is_the_one_the_kernel_uses():
@@ -42,7 +43,7 @@ def test_another_process_is_never_given_a_port_this_one_holds():
     spare = next(p for p in ports.candidates() if p not in ours and ports._bindable(p))
     script = (
         "import json, sys\n"
-        "from tritonstack import ports\n"
+        "from tritonstack.core import ports\n"
         "ours, spare = json.loads(sys.argv[1])\n"
         "refused = [ports.reserve(p) for p in ours]\n"
         "ports.candidates = lambda: ours + [spare]\n"

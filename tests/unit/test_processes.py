@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 
-from tritonstack import processes
-from tritonstack.errors import UserError
+from tritonstack.core.errors import UserError
+from tritonstack.serve import processes
 
 #: A leader that starts a child which ignores SIGTERM, prints the child's pid, then waits.
 #: `trap '' TERM` makes the leader ignore SIGTERM as well unless `leader` resets it; the pid is
@@ -106,7 +106,7 @@ def test_tree_memory_counts_the_children(tmp_path):
 
 
 def test_http_ok_is_false_for_a_closed_port():
-    from tritonstack.ports import free_ports
+    from tritonstack.core.ports import free_ports
 
     (port,) = free_ports(1)
     assert processes.http_ok(f"http://127.0.0.1:{port}/", timeout=1) is False

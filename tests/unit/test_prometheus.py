@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.support import ROOT, require_tool
-from tritonstack.promconfig import render
+from tritonstack.render.promconfig import render
 
 PROMETHEUS = ROOT / "prometheus"
 RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.yml"))
@@ -172,8 +172,8 @@ def test_average_batch_size_is_inferences_per_execution():
 def test_blackbox_config_is_valid_and_probes_each_public_model_for_every_output():
     """One module per public model: a row of zeros shaped as its config says, through the
     gateway, and an answer that names every output (generated from the repository)."""
-    from tritonstack.repository import iter_models
-    from tritonstack.settings import load
+    from tritonstack.core.repository import iter_models
+    from tritonstack.core.settings import load
 
     binary = require_tool("prometheus-blackbox-exporter")
     config = ROOT / "prometheus" / "blackbox.yml"
@@ -217,7 +217,7 @@ def test_compose_scrapes_every_triton_replica_and_the_gateway_and_probes_through
     # public model (generated), each naming its model's module.
     assert jobs["deep_probe"]["file_sd_configs"] == [{"files": ["/etc/prometheus/deep-probe.yml"]}]
     groups = yaml.safe_load((PROMETHEUS / "deep-probe.yml").read_text())
-    from tritonstack.settings import load
+    from tritonstack.core.settings import load
 
     assert groups == [
         {
@@ -253,7 +253,7 @@ def test_the_llm_rules_name_only_the_served_llm_and_scraped_jobs():
     """llm.yml names the model once (LLMMetricsMissing: without vllm:* series nothing else tells
     an LLM from the classifier's models) and a job once (LLMTargetDown): both must be what the
     project serves and scrapes."""
-    from tritonstack.contract import LLM_MODEL
+    from tritonstack.core.contract import LLM_MODEL
 
     groups = yaml.safe_load((PROMETHEUS / "rules" / "llm.yml").read_text())["groups"]
     exprs = " ".join(rule["expr"] for group in groups for rule in group["rules"])

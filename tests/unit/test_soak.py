@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tritonstack.soak import Sample, drift
+from tritonstack.load.soak import Sample, drift
 
 
 def sample(minute: float, rss: float) -> Sample:

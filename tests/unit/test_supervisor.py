@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from tests.support import REPOSITORY
-from tritonstack.runtime import EmbeddedTriton
-from tritonstack.supervisor import Failure, Streak, classify_failure
+from tritonstack.serve.runtime import EmbeddedTriton
+from tritonstack.serve.supervisor import Failure, Streak, classify_failure
 
 # Failure reasons as deep_probe reports them: tritonclient's "[status] message", or its own text.
 REASONS = [
@@ -95,7 +95,7 @@ def test_a_stop_leaves_a_stuck_check_behind_and_says_where_it_was():
     with its stack), while a restart under way is waited for."""
     import threading
 
-    from tritonstack.supervisor import Supervisor
+    from tritonstack.serve.supervisor import Supervisor
 
     lines: list[str] = []
     supervisor = Supervisor(server=None, log=lines.append, check_seconds=0.2)

@@ -7,12 +7,12 @@ import threading
 import pytest
 
 from tritonstack.cli import main
-from tritonstack.ports import free_ports
-from tritonstack.top import rates, table
+from tritonstack.clients.top import rates, table
+from tritonstack.core.ports import free_ports
 
 
 def counters(model: str, version: str = "1", **values: float) -> dict:
-    """Samples in tritonstack.metrics.scrape's shape for one model version."""
+    """Samples in tritonstack.clients.metrics.scrape's shape for one model version."""
     samples = {}
     for name, value in values.items():
         labels = {"model": model, "version": version}

@@ -17,7 +17,8 @@ import yaml
 from tritonclient.grpc import model_config_pb2
 
 from tests.support import REPOSITORY, ROOT
-from tritonstack.check import FIELDS_NEWER_THAN_EMBEDDED, check_repository, check_schema_skew
+from tritonstack.check.repository import check_repository
+from tritonstack.check.schema_skew import FIELDS_NEWER_THAN_EMBEDDED, check_schema_skew
 
 VERSIONS = ROOT / "docs" / "versions.md"
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2
 
 from tritonstack.check.messages import Say, did_you_mean, format_dims, quoted_names
-from tritonstack.repository import Model
+from tritonstack.core.repository import Model
 
 DataType = model_config_pb2.DataType
 

@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tritonstack.check.messages import Say, format_dims
 from tritonstack.check.python_models import CALLED_MODEL_PARAMETERS
-from tritonstack.repository import Model
+from tritonstack.core.repository import Model
 
 
 def check_label_filenames(model: Model, say: Say) -> None:

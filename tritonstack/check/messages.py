@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from tritonstack.repository import Model
+from tritonstack.core.repository import Model
 
 Say = Callable[[str, str, str], None]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tritonstack.check.messages import Say, did_you_mean, sayer
-from tritonstack.repository import Model, ModelConfig
+from tritonstack.core.repository import Model, ModelConfig
 
 # Platforms and backends this repository serves, with the backend each platform runs on.
 PLATFORM_BACKENDS = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tritonstack.check.messages import Say, did_you_mean, quoted_names, shown
 from tritonstack.check.model_config import DEFAULT_FILENAMES
-from tritonstack.repository import Model
+from tritonstack.core.repository import Model
 
 # Parameters through which a BLS model names the models it calls, in the order it tries them.
 CALLED_MODEL_PARAMETERS = ("preferred_model", "fallback_model")

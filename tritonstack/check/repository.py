@@ -14,8 +14,8 @@ from tritonstack.check.python_models import check_called_models, check_python_fi
 from tritonstack.check.schema_skew import check_schema_skew
 from tritonstack.check.tensorrt import check_tensorrt_files, check_tensorrt_twin
 from tritonstack.check.vllm_model import check_vllm
-from tritonstack.errors import UserError
-from tritonstack.repository import Model, parse_config
+from tritonstack.core.errors import UserError
+from tritonstack.core.repository import Model, parse_config
 
 
 def check_repository(repository: Path) -> list[str]:

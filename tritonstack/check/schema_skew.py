@@ -14,8 +14,8 @@ from pathlib import Path
 from google.protobuf.message import Message
 
 from tritonstack.check.messages import shown
-from tritonstack.errors import UserError
-from tritonstack.repository import parse_config
+from tritonstack.core.errors import UserError
+from tritonstack.core.repository import parse_config
 
 FIELDS_NEWER_THAN_EMBEDDED = {
     "ModelConfig.model_metrics": "26.xx (per-model metric histogram buckets)",

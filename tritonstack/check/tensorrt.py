@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tritonstack.check.messages import Say, format_dims
 from tritonstack.check.model_config import DEFAULT_FILENAMES, say_python_in_disguise
-from tritonstack.repository import Model
+from tritonstack.core.repository import Model
 
 DataType = model_config_pb2.DataType
 

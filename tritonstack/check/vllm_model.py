@@ -10,7 +10,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2
 
 from tritonstack.check.messages import Say
-from tritonstack.repository import Model
+from tritonstack.core.repository import Model
 
 
 def check_vllm(model: Model, versions: Sequence[Path], say: Say) -> None:

@@ -8,6 +8,6 @@ starts); `... launcher llm` starts the vLLM model's Triton the same way, without
 
 This subpackage imports the standard library and tritonstack's core modules only (contract,
 errors, health): the images run it from a copy of the package, with no third-party package of
-ours installed. The embedded runtime (tritonstack.runtime) builds its flags here too, so both
+ours installed. The embedded runtime (tritonstack.serve.runtime) builds its flags here too, so both
 runtimes start Triton alike.
 """

@@ -1,7 +1,7 @@
 """tritonserver's command line, built once for every Triton the stack starts.
 
 The container (tritonstack.launcher.start), the LLM's container and the embedded runtime
-(tritonstack.runtime) all call server_flags: the flags file's shared flags, then addresses,
+(tritonstack.serve.runtime) all call server_flags: the flags file's shared flags, then addresses,
 ports, the exit timeout, GPU metrics and the restricted APIs. Only what differs by runtime (the
 embedded runtime's backend directory, the container's repository view) is added by the caller.
 """
@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tritonstack.contract import (
+from tritonstack.core.contract import (
     ADMIN_APIS,
     ADMIN_APIS_ENV,
     ADMIN_HEADER,
@@ -24,7 +24,7 @@ from tritonstack.contract import (
     RESTRICTED_APIS,
     SHUT_HEADER,
 )
-from tritonstack.errors import UserError
+from tritonstack.core.errors import UserError
 
 #: The variable that gives the admin key itself (else a key file is read, or made).
 ADMIN_KEY_ENV = "TRITONSTACK_ADMIN_KEY"
@@ -62,6 +62,14 @@ def admin_key(
         except OSError as exc:
             reason = exc
     raise UserError(f"cannot write the admin key to {fallback or path}: {reason}")
+
+
+def local_admin_key() -> str:
+    """The embedded runtime's secret for the restricted APIs: $TRITONSTACK_ADMIN_KEY, else a key
+    file generated on first use (~/.config/tritonstack/admin-key, mode 0600), so every
+    installation gets its own secret and none is ever committed."""
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "tritonstack"
+    return admin_key(base / "admin-key")
 
 
 def _read_or_create_key(path: Path, say: Callable[[str], None] | None) -> str:

@@ -2,7 +2,7 @@
 
 The image has no protobuf package of ours, so these read the text format as tritonstack writes
 it (one field a line, `#` comments) and as Triton's examples do; the package's own reader
-(tritonstack.config_text, protobuf) is held to the same answers by tests/unit/test_launcher.py.
+(tritonstack.core.config_text, protobuf) is held to the same answers by tests/unit/test_launcher.py.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonstack.contract import ADMIN_APIS_ENV, GRPC_PORT, HTTP_PORT, METRICS_PORT
-from tritonstack.errors import UserError
-from tritonstack.health import LAUNCH_STATUS, LAUNCH_STATUS_ENV, serving_address
+from tritonstack.core.contract import ADMIN_APIS_ENV, GRPC_PORT, HTTP_PORT, METRICS_PORT
+from tritonstack.core.errors import UserError
+from tritonstack.core.health import LAUNCH_STATUS, LAUNCH_STATUS_ENV, serving_address
 from tritonstack.launcher import flags, gpu, tensorrt, watch
 from tritonstack.launcher.cache import lock_or_wait
 from tritonstack.launcher.messages import LaunchError, log

@@ -45,7 +45,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 ENGINE_ARGS_FILE = "model.json"
 MODEL_OVERRIDE_ENV = "TRITONSTACK_LLM_MODEL"
 #: Engine arguments a local model's folder brings for itself, over model.json's
-#: (tritonstack.tinyllm writes one: its tiny model runs eager).
+#: (tritonstack.serve.tinyllm writes one: its tiny model runs eager).
 MODEL_ENGINE_FILE = "engine.json"
 #: How far the engine steps back for every other program (a nice value, 0-19). vLLM's CPU engine
 #: is two processes that busy-wait on each other between steps (sched_yield for 1 s after each
