@@ -6,18 +6,21 @@ server's cost per request is not all there is to measure: `image`, a small CNN (
 convolutions, pooling, a linear head; random weights) taking any height and width, bounded by
 --shape, every request at its opt size, 3x64x64; and `lightgbm`, a LightGBM classifier of 400
 trees over 20 features converted by onnxmltools (ai.onnx.ml's TreeEnsembleClassifier, its label
-output corrected by add-model). Every request holds ROWS rows. For each model, rows per second
-of:
+output corrected by add-model). Each model is measured at every batch of ROW_COUNTS rows per
+request, each apart: 8, the smallest batch the target names, and 32, where a request's fixed cost
+(HTTP, the batcher, the backend's hop) is spread over four times the rows. For each model and
+batch, rows per second of:
 
-- `onnxruntime`: the graph run in this process on one ROWS-row batch after another, with
-  onnxruntime's own thread count (every core): the ceiling a server is measured against;
+- `onnxruntime`: the graph run in this process on one batch after another, in two layouts
+  (one session with onnxruntime's own thread count, every core; one single-threaded session per
+  core, each with its own caller): the faster is the ceiling a server is measured against;
 - `triton`: the embedded Triton on a repository add-model wrote (dynamic batching, two
-  instances of one thread), CLIENTS clients sending ROWS-row requests, as KServe v2 JSON and as
+  instances of one thread), CLIENTS clients sending requests of that batch, as KServe v2 JSON and as
   binary tensors;
 - `fastapi`: bench/fastapi_onnx_app.py in one uvicorn worker (one intra-op thread, as the model's
   config gives Triton's instances), the same JSON requests.
 
-The target: Triton serves at least FLOOR of onnxruntime in-process.
+The target: Triton serves at least FLOOR of onnxruntime in-process, at every batch.
 """
 
 from __future__ import annotations
@@ -37,21 +40,23 @@ from bench.loadgen import Generator, Target
 from bench.servers import baseline_venv, cpu_delta, start_triton, start_uvicorn
 from bench.stats import Rep, summarize
 
-#: Rows per request: the batch the target names (≥ 8).
-ROWS = 8
+#: Rows per request, each measured apart: the target names every batch of 8 rows or more.
+ROW_COUNTS = (8, 32)
 CLIENTS = 16
 FLOOR = 0.8
 #: The models measured, and the --shape bounds add-model gets for each.
 MODELS = ("image", "lightgbm")
-SHAPES = {"image": ["images=1x3x32x32:8x3x64x64:16x3x128x128"], "lightgbm": []}
+SHAPES = {"image": ["images=1x3x32x32:8x3x64x64:32x3x128x128"], "lightgbm": []}
 OPSET = 17
 #: Points per model: (server, protocol); onnxruntime is measured in-process.
 SERVERS = {
-    "onnxruntime": "onnxruntime in-process (one caller, every core)",
+    "onnxruntime": "onnxruntime in-process",
     "triton": "Triton (add-model's config)",
     "fastapi": "FastAPI + onnxruntime (1 worker)",
 }
 PROTOCOLS = {"triton": ("http-json", "http-binary"), "fastapi": ("http-json",)}
+#: onnxruntime in-process, each measured: the faster one is the ceiling a server is held to.
+LAYOUTS = ("every core", "a 1-thread session per core")
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,13 @@ class OwnSettings:
     warmup_s: float
     seconds: float
     reps: int
+    row_counts: tuple[int, ...] = ROW_COUNTS
 
 
 FULL = OwnSettings(quick=False, warmup_s=2, seconds=5, reps=3)
-QUICK = OwnSettings(quick=True, warmup_s=1, seconds=1, reps=1)
+#: Quick mode's 1 s windows are shorter than one 32-row JSON request to FastAPI (about 3 s at 16
+#: clients): it measures the smallest batch only.
+QUICK = OwnSettings(quick=True, warmup_s=1, seconds=1, reps=1, row_counts=ROW_COUNTS[:1])
 
 
 def cnn(path: Path) -> Path:
@@ -144,40 +152,66 @@ def build_models(folder: Path) -> dict[str, Path]:
     return paths
 
 
-def batch(signature, seed: int = 0) -> dict[str, np.ndarray]:
-    """ROWS rows at the model's opt shape (what every server gets)."""
-    return signature.random_inputs(ROWS, np.random.default_rng(seed))
+def batch(signature, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """`rows` rows at the model's opt shape (what every server gets)."""
+    return signature.random_inputs(rows, np.random.default_rng(seed))
 
 
-def in_process(model_path: Path, feeds: dict[str, np.ndarray], settings: OwnSettings) -> dict:
-    """Rows/s of onnxruntime running the batch back to back in this process."""
+def in_process(
+    model_path: Path, feeds: dict[str, np.ndarray], settings: OwnSettings, layout: str
+) -> dict:
+    """Rows/s of onnxruntime running the batch back to back in this process, in one of the
+    LAYOUTS: one session with onnxruntime's default threads (every core) and one caller, or one
+    session of one intra-op thread per core, each with a caller thread of its own (onnxruntime
+    releases the GIL while it runs). Which is faster depends on the model and the batch: a tree
+    ensemble splits a small batch across threads at a loss."""
+    import threading
+
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    callers = 1 if layout == "every core" else os.cpu_count() or 1
+    options = ort.SessionOptions()
+    if layout != "every core":
+        options.intra_op_num_threads = 1
+    sessions = [
+        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        for _ in range(callers)
+    ]
     graph_feeds = {}
-    for tensor in session.get_inputs():
+    for tensor in sessions[0].get_inputs():
         value = feeds[tensor.name]
         graph_feeds[tensor.name] = value.reshape(value.shape[: len(tensor.shape)])
-    names = [o.name for o in session.get_outputs()]
+    names = [o.name for o in sessions[0].get_outputs()]
 
     def window(seconds: float) -> tuple[int, float, float]:
         started, cpu = time.monotonic(), time.process_time()
-        runs = 0
-        while time.monotonic() - started < seconds:
-            session.run(names, graph_feeds)
-            runs += 1
+        counts = [0] * callers
+
+        def call(index: int) -> None:
+            while time.monotonic() - started < seconds:
+                sessions[index].run(names, graph_feeds)
+                counts[index] += 1
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         wall = time.monotonic() - started
-        return runs, wall, (time.process_time() - cpu) / wall
+        return sum(counts), wall, (time.process_time() - cpu) / wall
 
     window(settings.warmup_s)
     reps = []
     for _ in range(settings.reps):
         runs, wall, cores = window(settings.seconds)
         reps.append(Rep(runs, 0, wall, 0, 0, 0, 0, server_cores=cores, generator_cores=0))
-    return asdict(summarize(reps, rows_per_request=ROWS))
+    rows = len(next(iter(feeds.values())))
+    return asdict(summarize(reps, rows_per_request=rows))
 
 
-def measure(server, generator: Generator, model: str, protocol: str, s: OwnSettings) -> dict:
+def measure(
+    server, generator: Generator, model: str, protocol: str, s: OwnSettings, rows: int
+) -> dict:
     target = Target(protocol, server.url(protocol, model), model)
     generator.run(target, CLIENTS, s.warmup_s)
     tree = server.tree()
@@ -199,7 +233,7 @@ def measure(server, generator: Generator, model: str, protocol: str, s: OwnSetti
                 generator_cores=result.generator_cpu_s / result.seconds,
             )
         )
-    return asdict(summarize(reps, rows_per_request=ROWS))
+    return asdict(summarize(reps, rows_per_request=rows))
 
 
 def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None]) -> dict:
@@ -208,19 +242,29 @@ def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None])
     started, load_before = datetime.now(timezone.utc), os.getloadavg()
     from tritonstack.core.repository import iter_models
 
-    paths = build_models(workdir / "models")
+    build_models(workdir / "models")
     repository = workdir / "models" / "repository"
+    # Every server runs the graph add-model wrote (a converter's wrongly declared outputs
+    # corrected), not the converter's file: onnxruntime logs a warning on every run of the
+    # latter, which would cost the baselines what Triton does not pay.
+    paths = {name: repository / name / "1" / "model.onnx" for name in MODELS}
 
     signatures = {
         m.name: Signature.from_model(m) for m in iter_models(repository) if m.name in MODELS
     }
-    generator = Generator(workdir / "load", signatures, rows=ROWS)
+    generators = {
+        rows: Generator(workdir / f"load-{rows}", signatures, rows=rows)
+        for rows in settings.row_counts
+    }
     points = []
     for name in MODELS:
-        feeds = batch(signatures[name])
-        summary = in_process(paths[name], feeds, settings)
-        points.append({"model": name, "server": "onnxruntime", "protocol": "", "summary": summary})
-        log(f"own: {name} onnxruntime in-process: {rows_per_s(summary):,.0f} rows/s")
+        for rows in settings.row_counts:
+            for layout in LAYOUTS:
+                summary = in_process(paths[name], batch(signatures[name], rows), settings, layout)
+                points.append({"model": name, "rows": rows, "server": "onnxruntime",
+                               "protocol": layout, "summary": summary})  # fmt: skip
+                log(f"own: {name} x{rows} onnxruntime in-process, {layout}: "
+                    f"{rows_per_s(summary):,.0f} rows/s")  # fmt: skip
     venv = baseline_venv(progress=log)
     for server_key in ("triton", "fastapi"):
         log_path = workdir / f"{server_key}.log"
@@ -232,11 +276,13 @@ def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None])
                                    {"BENCH_MODELS": json.dumps(models)})  # fmt: skip
         try:
             for name in MODELS:
-                for protocol in PROTOCOLS[server_key]:
-                    summary = measure(server, generator, name, protocol, settings)
-                    points.append({"model": name, "server": server_key, "protocol": protocol,
-                                   "summary": summary})  # fmt: skip
-                    log(f"own: {name} {server_key} {protocol}: {rows_per_s(summary):,.0f} rows/s")
+                for rows in settings.row_counts:
+                    for protocol in PROTOCOLS[server_key]:
+                        summary = measure(server, generators[rows], name, protocol, settings, rows)
+                        points.append({"model": name, "rows": rows, "server": server_key,
+                                       "protocol": protocol, "summary": summary})  # fmt: skip
+                        log(f"own: {name} x{rows} {server_key} {protocol}: "
+                            f"{rows_per_s(summary):,.0f} rows/s")  # fmt: skip
         finally:
             server.stop()
     finished = datetime.now(timezone.utc)
@@ -246,7 +292,7 @@ def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None])
             "duration_s": round((finished - started).total_seconds()),
             "load_before": [round(x, 2) for x in load_before],
             "settings": asdict(settings),
-            "rows": ROWS,
+            "rows": list(settings.row_counts),
             "clients": CLIENTS,
         },
         "points": points,

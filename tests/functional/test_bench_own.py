@@ -18,22 +18,25 @@ def test_quick_own_family_compares_triton_with_onnxruntime_in_process(tmp_path, 
     require_tool("wrk")
     assert main(["--quick", "--scenarios", "own", "--out", str(tmp_path)]) == 0
     progress = capsys.readouterr().out
-    assert "own: image onnxruntime in-process:" in progress
+    assert "own: image x8 onnxruntime in-process, every core:" in progress
     results = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
     section = results["own"]
-    measured = {(p["model"], p["server"], p["protocol"]) for p in section["points"]}
-    expected = {(m, "onnxruntime", "") for m in own.MODELS} | {
-        (m, server, protocol)
-        for m in own.MODELS
-        for server, protocols in own.PROTOCOLS.items()
-        for protocol in protocols
-    }
+    measured = sorted(
+        (p["model"], p["rows"], p["server"], p["protocol"]) for p in section["points"]
+    )
+    servers = [("onnxruntime", layout) for layout in own.LAYOUTS] + [
+        (server, protocol) for server, protocols in own.PROTOCOLS.items() for protocol in protocols
+    ]
+    expected = sorted(
+        (m, rows, *point) for m in own.MODELS for rows in own.QUICK.row_counts for point in servers
+    )
     assert measured == expected
     for point in section["points"]:
         summary = point["summary"]
         assert summary["errors"] == 0 and summary["rps"]["median"] > 0, point
-        assert summary["rows_per_request"] == own.ROWS, point
+        assert summary["rows_per_request"] == point["rows"], point
     found = own_report.targets(section)
-    assert [t.passed is not None for t in found] == [True] * len(own.MODELS), found
+    verdicts = len(own.MODELS) * len(own.QUICK.row_counts)
+    assert [t.passed is not None for t in found] == [True] * verdicts, found
     text = (tmp_path / "benchmarks.md").read_text()
     assert own_report.HEADING in text and "QUICK MODE" in text

@@ -795,37 +795,38 @@ def test_the_served_folder_s_own_engine_arguments_reach_vllm_serve_as_flags(tmp_
     assert "--enforce-eager" in command and "--no-disable-log-stats" in command
 
 
-def own_point(model: str, server: str, protocol: str, rows_per_s: float) -> dict:
-    from bench import own
-
+def own_point(model: str, server: str, protocol: str, rows_per_s: float, rows: int = 8) -> dict:
     summary = {
         "reps": 1,
-        "rps": {"median": rows_per_s / own.ROWS, "low": 0, "high": 0},
-        "rows_per_request": own.ROWS,
+        "rps": {"median": rows_per_s / rows, "low": 0, "high": 0},
+        "rows_per_request": rows,
         "p99_ms": {"median": 12.5, "low": 0, "high": 0},
         "server_cores": 1.9,
     }
-    return {"model": model, "server": server, "protocol": protocol, "summary": summary}
+    return {"model": model, "rows": rows, "server": server, "protocol": protocol,
+            "summary": summary}  # fmt: skip
 
 
-def own_results(triton: dict[str, tuple[float, float]]) -> dict:
-    """An own section where each model runs 1,000 rows/s in-process and Triton (JSON, binary)."""
+def own_results(triton: dict[str, tuple[float, float]], rows: int = 8) -> dict:
+    """An own section where each model runs 1,000 rows/s in-process and Triton (JSON, binary),
+    in `rows`-row batches."""
     from bench import own
 
     points = []
     for model, (json_rate, binary_rate) in triton.items():
         points += [
-            own_point(model, "onnxruntime", "", 1000),
-            own_point(model, "triton", "http-json", json_rate),
-            own_point(model, "triton", "http-binary", binary_rate),
-            own_point(model, "fastapi", "http-json", 300),
+            own_point(model, "onnxruntime", "every core", 1000, rows),
+            own_point(model, "onnxruntime", "a 1-thread session per core", 800, rows),
+            own_point(model, "triton", "http-json", json_rate, rows),
+            own_point(model, "triton", "http-binary", binary_rate, rows),
+            own_point(model, "fastapi", "http-json", 300, rows),
         ]
     meta = {
         "started": "2026-01-01T00:00:00+00:00",
         "duration_s": 75,
         "load_before": [0.1, 0, 0],
         "settings": asdict(own.FULL),
-        "rows": own.ROWS,
+        "rows": [rows],
         "clients": own.CLIENTS,
     }
     return {"meta": meta, "points": points}
@@ -836,12 +837,38 @@ def test_own_targets_take_triton_s_better_protocol_against_onnxruntime_in_proces
 
     found = own_report.targets(own_results({"image": (700, 850), "lightgbm": (790, 600)}))
     assert [t.passed for t in found] == [True, False]
-    assert found[0].name == own_report.target_name("image")
+    assert found[0].name == own_report.target_name("image", 8)
     assert "850 (http-binary) vs 1,000 rows/s = 0.85x (≥ 0.8x)" in found[0].detail
     assert "790 (http-json) vs 1,000 rows/s = 0.79x" in found[1].detail
     missing = own_results({"image": (700, 850)})
     assert [t.passed for t in own_report.targets(missing)] == [True, None]
     assert own_report.targets(None) == []
+
+
+def test_own_targets_hold_at_every_batch_measured_each_apart():
+    """The target names every batch of 8 rows or more: one verdict per model and batch, each
+    against in-process onnxruntime at the same batch."""
+    from bench import own_report
+
+    small = own_results({"image": (600, 610), "lightgbm": (500, 550)}, rows=8)
+    large = own_results({"image": (820, 900), "lightgbm": (700, 790)}, rows=32)
+    both = {"meta": {**small["meta"], "rows": [8, 32]}, "points": small["points"] + large["points"]}
+    found = own_report.targets(both)
+    assert [(t.name, t.passed) for t in found] == [
+        (own_report.target_name("image", 8), False),
+        (own_report.target_name("image", 32), True),
+        (own_report.target_name("lightgbm", 8), False),
+        (own_report.target_name("lightgbm", 32), False),
+    ]
+    assert "900 (http-binary) vs 1,000 rows/s = 0.90x" in found[1].detail
+    # The ceiling is the faster in-process layout, whichever it is.
+    faster = own_point("image", "onnxruntime", "a 1-thread session per core", 1200, 32)
+    both["points"].append(faster)
+    assert own_report.ceiling(both, "image", 32) is faster
+    assert not own_report.targets(both)[1].passed  # 900 / 1,200 = 0.75x
+    text = "\n".join(own_report.section(both))
+    assert "Requests hold 8 or 32 rows, each batch measured apart" in text
+    assert "at 8-row batches Triton spends" in text and "at 32-row batches Triton spends" in text
 
 
 def test_own_section_renders_every_point_with_its_ratio_to_in_process():
@@ -850,10 +877,10 @@ def test_own_section_renders_every_point_with_its_ratio_to_in_process():
     text = "\n".join(own_report.section(own_results({"image": (700, 850), "lightgbm": (900, 950)})))
     assert text.startswith(own_report.HEADING)
     assert (
-        "| `image` | Triton (add-model's config) | http-binary | 850 | 0.85x | 12.5 | 1.90 |"
+        "| `image` | 8 | Triton (add-model's config) | http-binary | 850 | 0.85x | 12.5 | 1.90 |"
         in (text)
     )
-    assert "| `lightgbm` | FastAPI + onnxruntime (1 worker) | http-json | 300 | 0.30x |" in text
+    assert "| `lightgbm` | 8 | FastAPI + onnxruntime (1 worker) | http-json | 300 | 0.30x |" in text
     assert "Not run" in "\n".join(own_report.section(None))
 
 
