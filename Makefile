@@ -59,13 +59,14 @@ format: venv ## apply ruff's fixes and formatting
 # installs, the linters and the unit tests run (a fresh machine's network minutes overlap their
 # work); the unit tests on every core (they start no server, so no timing depends on a quiet
 # machine); then, once the prefetch is done, everything else, one test at a time (load, latency
-# and streaming tests need the cores). A failed prefetch only means the tests fetch later.
+# and streaming tests need the cores; the 30 slowest are listed, as the suite must stay under
+# 30 minutes on a 2-core machine). A failed prefetch only means the tests fetch later.
 test: venv ## lint, then every test (starts the real tritonserver on CPU); what CI runs
 	@$(BIN)/python -m tests.prefetch > .prefetch.log 2>&1 & echo $$! > .prefetch.pid
 	@$(MAKE) --no-print-directory lint llm
 	$(BIN)/pytest tests/unit -n auto
 	@while kill -0 "$$(cat .prefetch.pid)" 2>/dev/null; do sleep 1; done; cat .prefetch.log
-	$(BIN)/pytest --ignore=tests/unit
+	$(BIN)/pytest --ignore=tests/unit --durations=30
 
 test-unit: venv ## tests/unit/: no server, no download, on every core, in under a minute
 	$(BIN)/pytest tests/unit -n auto
