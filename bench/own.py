@@ -16,7 +16,8 @@ batch, rows per second of:
   core, each with its own caller): the faster is the ceiling a server is measured against;
 - `triton`: the embedded Triton on a repository add-model wrote (dynamic batching, two
   instances of one thread), CLIENTS clients sending requests of that batch, as KServe v2 JSON and as
-  binary tensors;
+  binary tensors; its CPU split between tritonserver and the model's stubs, and the rows the
+  batcher ran together (Triton's counters);
 - `fastapi`: bench/fastapi_onnx_app.py in one uvicorn worker (one intra-op thread, as the model's
   config gives Triton's instances), the same JSON requests.
 
@@ -38,7 +39,7 @@ import numpy as np
 
 from bench.loadgen import Generator, Target
 from bench.servers import baseline_venv, cpu_delta, start_triton, start_uvicorn
-from bench.stats import Rep, summarize
+from bench.stats import Rep, average_batch, summarize
 
 #: Rows per request, each measured apart: the target names every batch of 8 rows or more.
 ROW_COUNTS = (8, 32)
@@ -212,9 +213,24 @@ def in_process(
 def measure(
     server, generator: Generator, model: str, protocol: str, s: OwnSettings, rows: int
 ) -> dict:
+    """A point's measurements: its summary and, served by Triton, where its CPU went
+    (`cpu_us_per_row`: tritonserver, the model's stubs, the rest, each process by its own
+    counters) and the rows the dynamic batcher ran together (`summary.avg_batch`)."""
+    from tritonstack.clients.metrics import model_value, scrape
+
+    def batches() -> dict[str, float]:
+        samples = scrape(server.metrics)
+        return {
+            "inferences": model_value(samples, "nv_inference_count", model),
+            "executions": model_value(samples, "nv_inference_exec_count", model),
+        }
+
     target = Target(protocol, server.url(protocol, model), model)
     generator.run(target, CLIENTS, s.warmup_s)
     tree = server.tree()
+    triton = server.metrics is not None
+    roles_before = tree.cpu_seconds_by_role()
+    batches_before = batches() if triton else None
     reps = []
     for _ in range(s.reps):
         cpu_before, wall_before = tree.cpu_seconds(), time.monotonic()
@@ -233,7 +249,29 @@ def measure(
                 generator_cores=result.generator_cpu_s / result.seconds,
             )
         )
-    return asdict(summarize(reps, rows_per_request=rows))
+    summary = summarize(reps, rows_per_request=rows)
+    point = {"summary": summary}
+    if triton:
+        summary.avg_batch = average_batch(batches_before, batches())
+        point["cpu_us_per_row"] = cpu_by_part(
+            roles_before, tree.cpu_seconds_by_role(), model, sum(r.requests for r in reps) * rows
+        )
+    return {**point, "summary": asdict(summary)}
+
+
+def cpu_by_part(
+    before: dict[str, float], after: dict[str, float], model: str, rows: int
+) -> dict[str, float]:
+    """CPU µs per row served, by part of Triton: `tritonserver` (HTTP, the batcher, moving the
+    tensors), `stubs` (the model's instances: onnxruntime and the Python backend around it) and
+    `other` (every other process of the tree: other models' idle stubs)."""
+    found = {"tritonserver": 0.0, "stubs": 0.0, "other": 0.0}
+    if not rows:
+        return found
+    for role in before.keys() & after.keys():
+        part = role if role == "tritonserver" else "stubs" if role == model else "other"
+        found[part] += max(0.0, after[role] - before[role]) / rows * 1e6
+    return found
 
 
 def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None]) -> dict:
@@ -278,11 +316,11 @@ def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None])
             for name in MODELS:
                 for rows in settings.row_counts:
                     for protocol in PROTOCOLS[server_key]:
-                        summary = measure(server, generators[rows], name, protocol, settings, rows)
+                        found = measure(server, generators[rows], name, protocol, settings, rows)
                         points.append({"model": name, "rows": rows, "server": server_key,
-                                       "protocol": protocol, "summary": summary})  # fmt: skip
+                                       "protocol": protocol, **found})  # fmt: skip
                         log(f"own: {name} x{rows} {server_key} {protocol}: "
-                            f"{rows_per_s(summary):,.0f} rows/s")  # fmt: skip
+                            f"{rows_per_s(found['summary']):,.0f} rows/s")  # fmt: skip
         finally:
             server.stop()
     finished = datetime.now(timezone.utc)

@@ -108,28 +108,40 @@ def table(own: dict) -> str:
 
 
 def findings(own: dict) -> list[str]:
-    """Where Triton's rows go, per model: its CPU per request beyond onnxruntime's own."""
+    """Where Triton's rows go, per model: its CPU per request beyond onnxruntime's own, and which
+    of its processes spent it."""
     out = []
     for model in MODELS:
         parts = []
         for rows in row_counts(own):
             reference = cpu_us_per_row(ceiling(own, model, rows))
             best = best_triton(own, model, rows)
-            served = cpu_us_per_row(_point(own, model, rows, "triton", best[0])) if best else None
+            point = _point(own, model, rows, "triton", best[0]) if best else None
+            served = cpu_us_per_row(point)
             if reference is None or served is None:
                 continue
             extra = (served - reference) * rows
-            parts.append(
+            part = (
                 f"at {rows}-row batches Triton spends {served:,.0f} µs of CPU per row ({best[0]}) "
                 f"where onnxruntime alone spends {reference:,.0f}, about {extra:,.0f} µs per "
                 "request"
             )
+            split = point.get("cpu_us_per_row")
+            if split:
+                batch = point["summary"].get("avg_batch")
+                ran = f", run in batches of {batch:.1f} rows on average" if batch else ""
+                part += (
+                    f": tritonserver {split['tritonserver']:,.0f} (HTTP, the dynamic batcher, "
+                    f"moving the tensors), the model's stubs {split['stubs']:,.0f} (onnxruntime "
+                    f"and the Python backend around it{ran}), other processes "
+                    f"{split['other']:,.0f}"
+                )
+            parts.append(part)
         if parts:
             out.append(
-                f"`{model}`: {'; '.join(parts)}. That cost goes to the request's path around the "
-                "model (HTTP, the dynamic batcher, and the embedded runtime's Python backend "
-                "copying tensors into its stub and back; the container's C++ onnxruntime backend "
-                "has no stub), on cores the load generator also uses."
+                f"`{model}`: {'; '.join(parts)}. Each process's CPU is its own counters' over the "
+                "measured windows; the container's C++ onnxruntime backend runs the model inside "
+                "tritonserver, with no stub and no hop to it. The load generator shares the cores."
             )
     return out
 

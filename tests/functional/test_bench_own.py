@@ -11,6 +11,7 @@ import pytest
 from bench import own, own_report
 from bench.runner import main
 from tests.support import require_tool
+from tritonstack.check.onnx_serving import DEFAULT_MAX_BATCH_SIZE
 
 
 @pytest.mark.timeout(600)
@@ -35,6 +36,11 @@ def test_quick_own_family_compares_triton_with_onnxruntime_in_process(tmp_path, 
         summary = point["summary"]
         assert summary["errors"] == 0 and summary["rps"]["median"] > 0, point
         assert summary["rows_per_request"] == point["rows"], point
+        if point["server"] == "triton":
+            # Where Triton's CPU went, by its own processes, and the batches its batcher ran.
+            split = point["cpu_us_per_row"]
+            assert split["tritonserver"] > 0 and split["stubs"] > 0, point
+            assert point["rows"] <= summary["avg_batch"] <= DEFAULT_MAX_BATCH_SIZE, point
     found = own_report.targets(section)
     verdicts = len(own.MODELS) * len(own.QUICK.row_counts)
     assert [t.passed is not None for t in found] == [True] * verdicts, found
