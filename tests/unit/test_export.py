@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,41 @@ def test_two_exports_write_the_same_model(exported):
     np.testing.assert_array_equal(
         predict(first / model, features), predict(second / model, features)
     )
+
+
+#: Converts a small MLP with to_onnx and prints the written model's SHA-256 and opset domains.
+CONVERT_ONE = """
+import hashlib, warnings
+import numpy as np
+import onnx
+from sklearn.neural_network import MLPClassifier
+from tritonstack.models.export import FEATURES, to_onnx
+warnings.simplefilter("ignore")  # 3 iterations do not converge, and need not
+x = np.random.default_rng(0).standard_normal((64, FEATURES)).astype(np.float32)
+model = MLPClassifier(hidden_layer_sizes=(4,), max_iter=3, random_state=0).fit(x, x[:, 0] > 0)
+blob = to_onnx(model)
+domains = [o.domain for o in onnx.load_from_string(blob).opset_import]
+print(hashlib.sha256(blob).hexdigest(), domains)
+"""
+
+
+def test_the_conversion_writes_the_same_bytes_whatever_the_string_hashing():
+    """skl2onnx lists the opsets from a set, in an order that follows Python's per-process string
+    hashing: PYTHONHASHSEED 30 put `ai.onnx.ml` first (1 seed in 41 here), and an export in such
+    a process wrote other bytes than the committed model. The conversion sorts them."""
+    written = {
+        seed: subprocess.run(
+            [sys.executable, "-c", CONVERT_ONE],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout.strip()
+        for seed in ("0", "30")
+    }
+    assert written["0"] == written["30"], written
+    assert written["0"].endswith("['', 'ai.onnx.ml']")
 
 
 def test_export_meets_the_accuracy_floor_and_records_how_it_was_made(exported):
