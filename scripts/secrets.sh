@@ -11,6 +11,11 @@
 # directory 0711 (reachable, not listable). An existing secret is never regenerated, so restarts
 # keep passwords and keys stable.
 #
+# TRITONSTACK_OPTIONAL_SECRETS (optional) lists secrets only you can give, as
+# <file>:<uid>:<override file> words: copied (0400, owned by <uid>) while the override file holds
+# a value, and never generated: without one the file is removed, so its reader sees no value
+# (a made-up Hugging Face token would be refused by the Hub, even for a public model).
+#
 # TRITONSTACK_KEY_MAP (optional), <file>:<uid>: the gateway's map of API keys, rewritten by every
 # `generate` from the secrets whose file name ends in `-api-key`: one `<key> <client>` line each,
 # the client being the name before `-api-key` (client-api-key -> client), so the gateway knows
@@ -26,14 +31,17 @@ usage() {
 }
 
 [ $# -eq 1 ] || usage
-: "${TRITONSTACK_SECRETS:?lists the secrets as <file>:<uid>[:<VARIABLE>] words}"
+if [ -z "${TRITONSTACK_SECRETS:-}${TRITONSTACK_OPTIONAL_SECRETS:-}" ]; then
+  echo "secrets: TRITONSTACK_SECRETS lists the secrets as <file>:<uid>[:<override file>] words" >&2
+  exit 2
+fi
 
 random_secret() {
   od -An -tx1 -N24 /dev/urandom | tr -d ' \n'
 }
 
 generate() {
-  file=$1 owner=$2 source=$3
+  file=$1 owner=$2 source=$3 optional=${4:-}
   override=''
   if [ -n "$source" ] && [ -r "$source" ]; then
     override=$(cat "$source")
@@ -41,6 +49,11 @@ generate() {
   dir=$(dirname "$file")
   mkdir -p "$dir"
   chmod 0711 "$dir"
+  if [ -n "$optional" ] && [ -z "$override" ]; then
+    rm -f "$file"
+    echo "secrets: $(basename "$file") not set (optional: your secrets/$(basename "$source"))"
+    return
+  fi
   if [ -s "$file" ] && { [ -z "$override" ] || [ "$(cat "$file")" = "$override" ]; }; then
     echo "secrets: $(basename "$file") kept"
   else
@@ -94,30 +107,44 @@ write_key_map() {
   echo "secrets: $(basename "$map") written ($(wc -l <"$map" | tr -d ' ') keys)"
 }
 
-for entry in $TRITONSTACK_SECRETS; do
-  file=${entry%%:*}
-  rest=${entry#*:}
-  owner=${rest%%:*}
-  source=''
-  [ "$rest" = "$owner" ] || source=${rest#*:}
-  case $owner:$source in
-    :* | *[!0-9]*:* | *:[!/]*)
-      echo "secrets: $entry: expected <file>:<uid>[:<override file>]" >&2
-      exit 2
-      ;;
-  esac
-  case $1 in
-    generate) generate "$file" "$owner" "$source" ;;
-    show)
-      if [ -s "$file" ]; then
-        printf '%s: %s\n' "$(basename "$file")" "$(cat "$file")"
-      else
-        printf '%s: (not generated yet: docker compose up first)\n' "$(basename "$file")"
-      fi
-      ;;
-    *) usage ;;
-  esac
-done
+# each_secret WORDS OPTIONAL FORMAT: runs $action on each <file>:<uid>[:<override file>] word.
+each_secret() {
+  for entry in $1; do
+    file=${entry%%:*}
+    rest=${entry#*:}
+    owner=${rest%%:*}
+    source=''
+    [ "$rest" = "$owner" ] || source=${rest#*:}
+    case $owner:$source:$2 in
+      :* | *[!0-9]*:*:* | *:[!/]*:* | *::optional)
+        echo "secrets: $entry: expected <file>:<uid>$3" >&2
+        exit 2
+        ;;
+    esac
+    case $action in
+      generate) generate "$file" "$owner" "$source" "$2" ;;
+      show)
+        if [ -n "$2" ]; then
+          # Your own third-party token: named, never printed.
+          if [ -s "$file" ]; then
+            printf '%s: set from your secrets/%s\n' "$(basename "$file")" "$(basename "$source")"
+          else
+            printf '%s: not set (optional)\n' "$(basename "$file")"
+          fi
+        elif [ -s "$file" ]; then
+          printf '%s: %s\n' "$(basename "$file")" "$(cat "$file")"
+        else
+          printf '%s: (not generated yet: docker compose up first)\n' "$(basename "$file")"
+        fi
+        ;;
+      *) usage ;;
+    esac
+  done
+}
+
+action=$1
+each_secret "${TRITONSTACK_SECRETS:-}" "" "[:<override file>]"
+each_secret "${TRITONSTACK_OPTIONAL_SECRETS:-}" optional ":<override file>"
 
 if [ "$1" = generate ] && [ -n "${TRITONSTACK_KEY_MAP:-}" ]; then
   map=${TRITONSTACK_KEY_MAP%%:*}

@@ -5,6 +5,7 @@ model_repository/, keys when published)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPOSITORY, ROOT, compose_seconds
-from tests.unit.test_compose import COMPOSE, assert_listens, compose_config
+from tests.unit.test_compose import COMPOSE, assert_listens, compose_config, secrets_run
 from tests.unit.test_health import healthcheck
 from tritonstack.core import health
 from tritonstack.core.errors import UserError
@@ -224,3 +225,40 @@ def test_llm_healthcheck_passes_once_llm_is_ready_and_not_before(gpu, llm_triton
     missing = llm_healthcheck(gpu, triton.http_url)
     # Triton answers an unknown model's readiness with 400 (no `llm` here): an error status.
     assert missing.returncode == 1 and "not ready: llm: HTTP 400" in missing.stderr
+
+
+def test_the_llm_s_hub_client_sends_your_token_from_its_file_and_none_without(
+    tmp_path: Path, gpu: dict
+) -> None:
+    """triton-llm's Hugging Face token, end to end but for the Hub: the secrets service's script
+    copies secrets/hf-token where triton-llm's HF_TOKEN_PATH points (paths as compose gives
+    them, moved under tmp_path), and the Hub's own client (huggingface_hub, as the LLM runtime
+    pins it), with no HF_TOKEN variable, sends it as the bearer; once the file is taken back it
+    sends none (a made-up token is refused by the Hub even for a public model)."""
+    spec = gpu["services"]["secrets"]["environment"]["TRITONSTACK_OPTIONAL_SECRETS"]
+    path = gpu["services"]["triton-llm"]["environment"]["HF_TOKEN_PATH"]
+    here = {
+        "/run/secrets/": f"{tmp_path}/volumes/",
+        "/run/tritonstack-overrides/": f"{tmp_path}/mine/",
+    }
+    for container, host in here.items():
+        spec, path = spec.replace(container, host), path.replace(container, host)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    hub = "from huggingface_hub.utils import build_hf_headers as h; print(h().get('authorization'))"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    environment |= {"HF_TOKEN_PATH": path, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+
+    def bearer() -> str:
+        assert (
+            secrets_run("", "generate", env={"TRITONSTACK_OPTIONAL_SECRETS": spec}).returncode == 0
+        )
+        sent = subprocess.run([sys.executable, "-c", hub], env=environment, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+        return sent.stdout.strip()
+
+    (mine / "hf-token").write_text("hf_my_own_token\n")
+    assert bearer() == "Bearer hf_my_own_token"
+    (mine / "hf-token").unlink()
+    assert bearer() == "None"

@@ -458,8 +458,10 @@ def test_admin_routes_are_refused_even_with_the_generated_admin_key(stack):
 def test_generated_secrets_are_readable_by_exactly_their_readers(stack):
     """Each file the secrets service generated is 0400 and owned by its one reader, and each
     service sees only the volume it needs: the admin key and Grafana's password are in no
-    container that runs as another service's uid (Locust runs as 1000 like Triton)."""
+    container that runs as another service's uid (Locust runs as 1000 like Triton). The
+    Hugging Face token is yours alone: without secrets/hf-token, none is made up."""
     shown = stack.secrets()
+    assert shown.pop("hf-token") == "not set (optional)"
     assert set(shown) == {
         "grafana-admin-password",
         "admin-key",
@@ -509,6 +511,7 @@ def test_no_secret_is_in_a_container_s_command_or_environment(stack):
     The processes inside are another matter: tritonserver takes the admin key only as a flag
     (docs/security.md, "Exceptions"), so only its argv holds it."""
     shown = stack.secrets()
+    shown.pop("hf-token")  # not set: nothing to look for
     for service in SERVICES:
         for container in stack.containers(service):
             config = container["Config"]

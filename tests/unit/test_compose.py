@@ -254,7 +254,11 @@ def test_compose_needs_no_env_file_and_ships_no_secret(tmp_path: Path, gpu: dict
     assert generated == {secret_file, key_file, client_key, probe_key, locust_key}
     # Overrides come from files in secrets/, mounted read-only into this service alone: no
     # variable carries a secret's value into any container's environment.
-    assert set(secrets["environment"]) == {"TRITONSTACK_SECRETS", "TRITONSTACK_KEY_MAP"}
+    assert set(secrets["environment"]) == {
+        "TRITONSTACK_SECRETS", "TRITONSTACK_KEY_MAP", "TRITONSTACK_OPTIONAL_SECRETS"
+    }  # fmt: skip
+    for service in gpu["services"].values():
+        assert "HF_TOKEN" not in service.get("environment", {})
     overrides = f"{ROOT / 'secrets'}:/run/tritonstack-overrides:ro"  # compose config's paths
     assert [n for n, s in gpu["services"].items() if overrides in s.get("volumes", [])] == [
         "secrets"
@@ -348,6 +352,39 @@ def test_secrets_are_generated_once_private_and_printed_by_one_command(tmp_path:
     assert relative.returncode == 2, relative.stdout
 
 
+def test_an_optional_secret_is_yours_alone_copied_while_you_give_it(tmp_path: Path) -> None:
+    """TRITONSTACK_OPTIONAL_SECRETS (the Hugging Face token): never generated, since a made-up
+    token is refused by the Hub even for a public model; copied private while the checkout's
+    file holds a value, removed once it is gone; `show` names it but never prints it."""
+    folder = tmp_path / "run" / "secrets-llm"
+    mine = tmp_path / "checkout-secrets"
+    mine.mkdir()
+    env = {"TRITONSTACK_OPTIONAL_SECRETS": f"{folder}/hf-token:1000:{mine}/hf-token"}
+    token = folder / "hf-token"
+    absent = secrets_run("", "generate", env=env)
+    assert absent.returncode == 0, absent.stderr
+    assert absent.stdout == "secrets: hf-token not set (optional: your secrets/hf-token)\n"
+    assert not token.exists()
+    assert secrets_run("", "show", env=env).stdout == "hf-token: not set (optional)\n"
+    (mine / "hf-token").write_text("hf_my_own_token\n")
+    given = secrets_run("", "generate", env=env)
+    assert given.returncode == 0, given.stderr
+    assert "hf-token set from your secrets/hf-token" in given.stdout
+    assert token.read_text() == "hf_my_own_token"
+    assert token.stat().st_mode & 0o777 == 0o400
+    if os.geteuid() == 0:
+        assert token.stat().st_uid == 1000
+    shown = secrets_run("", "show", env=env)
+    assert shown.stdout == "hf-token: set from your secrets/hf-token\n"
+    assert "hf_my_own" not in given.stdout + given.stderr + shown.stdout
+    (mine / "hf-token").unlink()  # you take it back: the reader must not keep it
+    assert secrets_run("", "generate", env=env).returncode == 0
+    assert not token.exists()
+    nameless = secrets_run("", "generate", env={"TRITONSTACK_OPTIONAL_SECRETS": f"{token}:1000"})
+    assert nameless.returncode == 2
+    assert "expected <file>:<uid>:<override file>" in nameless.stderr
+
+
 def test_locally_built_images_are_never_pulled(gpu: dict) -> None:
     """Compose pulls an `image:` name that is missing locally before building it, and ignores a
     failed pull only when it can build: whoever registers tritonstack/* on a public registry
@@ -385,6 +422,7 @@ def test_every_service_is_pinned_healthy_and_restarting(gpu: dict) -> None:
     assert set(gpu["volumes"]) == {
         "secrets",
         "client-keys",
+        "llm-secrets",
         "triton-cache",
         "hf-cache",
         "prometheus-data",
@@ -694,8 +732,20 @@ def test_llm_runs_read_only_and_writes_only_to_its_volumes(gpu: dict) -> None:
     assert cache["cap_add"] == ["CHOWN"] and cache["cap_drop"] == ["ALL"]
     assert llm["depends_on"]["llm-cache"]["condition"] == "service_completed_successfully"
     assert _bytes(llm["shm_size"]) >= _bytes(gpu["services"]["triton"]["shm_size"])
-    # HF_TOKEN: passed through from the environment when set, never required, no default.
-    assert "HF_TOKEN" in env and env["HF_TOKEN"] is None
+    # The Hugging Face token: yours alone (secrets/hf-token), a file in a volume no other
+    # service mounts, copied there by the secrets service, never generated.
+    assert "HF_TOKEN" not in env
+    secrets = gpu["services"]["secrets"]
+    (token,) = secrets["environment"]["TRITONSTACK_OPTIONAL_SECRETS"].split()
+    path, reader, override = token.split(":")
+    assert env["HF_TOKEN_PATH"] == path and reader == llm["user"].split(":")[0]
+    assert override == "/run/tritonstack-overrides/hf-token"
+    volume = f"llm-secrets:{os.path.dirname(path)}"
+    mounts = {n: s.get("volumes", []) for n, s in gpu["services"].items()}
+    assert {n for n, v in mounts.items() if any(m.startswith(volume) for m in v)} == {
+        "secrets", "triton-llm"
+    }  # fmt: skip
+    assert f"{volume}:ro" in llm["volumes"] and f"{volume}:rw" in secrets["volumes"]
     assert env["VLLM_NO_USAGE_STATS"] == "1" and env["HF_HUB_DISABLE_TELEMETRY"] == "1"
 
 

@@ -804,7 +804,7 @@ def llm_pod(objects: list[dict]) -> dict:
 def test_llm_runs_compose_s_image_command_and_environment(rendered, overlay, components) -> None:
     """docker-compose.yml's triton-llm: the image (tag generated from compose), the command
     verbatim (`$$` is a literal `$` for the kubelet as for compose) and its environment, less
-    what Kubernetes gives another way (the admin key and the token, from optional Secrets)."""
+    what Kubernetes gives another way (the admin key, from base triton.yaml's optional Secret)."""
     llm = container(rendered[(overlay, components)], "triton-llm")
     service = llm_service()
     assert llm["image"] == service["image"]
@@ -812,13 +812,12 @@ def test_llm_runs_compose_s_image_command_and_environment(rendered, overlay, com
     variables = {e["name"]: e for e in llm["env"]}
     # TRITONSTACK_SERVING_NAME: compose's alias on the serving network, which Kubernetes lacks;
     # its NetworkPolicies filter by port instead, and the pod serves on every address.
-    elsewhere = {"TRITONSTACK_ADMIN_KEY_FILE", "HF_TOKEN", "TRITONSTACK_SERVING_NAME"}
+    elsewhere = {"TRITONSTACK_ADMIN_KEY_FILE", "TRITONSTACK_SERVING_NAME"}
     for name, value in service["environment"].items():
         if name not in elsewhere:
             default = re.fullmatch(r"\$\{\w+:-(.*)\}", str(value))  # compose: from .env, else
             assert variables[name].get("value") == (default[1] if default else value), name
-    reference = variables["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
-    assert reference["name"] == "hf-token" and reference["optional"] is True
+    assert set(variables) - set(service["environment"]) <= elsewhere
     # The admin key's Secret is base triton.yaml's, and both read it as a file.
     triton = container(rendered[(overlay, components)], "triton")
     base = {e["name"]: e for e in triton["env"]}
@@ -849,6 +848,42 @@ def test_the_admin_key_reaches_each_server_as_a_file_never_as_a_variable(rendere
                 assert secret["secretName"] == "tritonstack-admin" and secret["optional"] is True
                 assert secret["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 1000
     assert readers == {"triton", "triton-llm"}
+
+
+@pytest.mark.parametrize(("overlay", "components"), LLM_VARIANTS)
+def test_the_hugging_face_token_reaches_the_llm_as_a_file_never_as_a_variable(
+    rendered, overlay, components
+) -> None:
+    """The optional `hf-token` Secret (kustomization.yaml's command), mounted read-only where
+    HF_TOKEN_PATH points (compose's path), readable by the pod's group alone; no container of
+    any Deployment reads it into its environment, and none but triton-llm mounts it."""
+    objects = rendered[(overlay, components)]
+    pod = llm_pod(objects)
+    (llm,) = pod["containers"]
+    path = env(llm)["HF_TOKEN_PATH"]
+    assert "HF_TOKEN" not in env(llm)
+    mount = next(m for m in llm["volumeMounts"] if m["name"] == "hf-token")
+    assert mount["readOnly"] is True and path.startswith(mount["mountPath"] + "/")
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "hf-token"]
+    secret = volume["secret"]
+    assert secret["secretName"] == "hf-token" and secret["optional"] is True
+    assert secret["items"] == [
+        {"key": "token", "path": path.removeprefix(mount["mountPath"] + "/")}
+    ]
+    assert secret["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 1000
+    assert "--from-literal=token=" in (KUBERNETES / "components/llm/kustomization.yaml").read_text()
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        for each in spec["containers"] + spec.get("initContainers", []):
+            for variable in each.get("env", []):
+                reference = variable.get("valueFrom", {}).get("secretKeyRef", {})
+                assert reference.get("name") != "hf-token", deployment["metadata"]["name"]
+        others = [
+            v
+            for v in spec.get("volumes", [])
+            if v.get("secret", {}).get("secretName") == "hf-token"
+        ]
+        assert not others or deployment["metadata"]["name"] == "triton-llm"
 
 
 def test_llm_component_s_image_is_pinned_only_for_its_own_deployment(rendered) -> None:

@@ -94,9 +94,11 @@ def test_every_mounting_service_has_a_known_reader_matching_the_secrets_owners()
     assert {service for service, _, _ in bind_mounts(COMPOSE)} <= set(READERS)
     secrets = compose["services"]["secrets"]["environment"]
     owners = {Path(e.split(":")[0]).name: int(e.split(":")[1])
-              for e in secrets["TRITONSTACK_SECRETS"].split()}  # fmt: skip
+              for e in (secrets["TRITONSTACK_SECRETS"] + " "
+                        + secrets["TRITONSTACK_OPTIONAL_SECRETS"]).split()}  # fmt: skip
     assert owners["grafana-admin-password"] == READERS["grafana"].uid
     assert owners["admin-key"] == READERS["triton"].uid
     assert owners["locust-api-key"] == READERS["locust-master"].uid
     assert int(secrets["TRITONSTACK_KEY_MAP"].split(":")[1]) == READERS["gateway"].uid
     assert owners["deep-probe-api-key"] == READERS["blackbox"].uid
+    assert owners["hf-token"] == READERS["triton-llm"].uid
