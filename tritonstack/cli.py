@@ -352,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--input",
         type=Path,
         default=None,
-        help=".npy (a model with one input) or .npz (an array per input name), batch dim first",
+        help=".npy (a model with one input) or .npz (an array per input name), batch dim first; "
+        "strings as numpy string arrays (array.astype(str)), not object arrays",
     )
     p.add_argument(
         "--api-key",

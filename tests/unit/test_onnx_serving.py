@@ -264,3 +264,24 @@ def test_state_the_server_cannot_keep_is_refused_with_the_way_out(tmp_path, zoo)
         plan(variable, None, {}, None, server_state=True)
     assert "state state has variable dims" in str(raised.value)
     assert "leave --server-state out" in str(raised.value)
+
+
+def test_weights_written_beside_the_graph_are_read_in_as_dynamo_exports_write_them(zoo, tmp_path):
+    """torch.onnx.export(dynamo=True) saves the weights in `<model>.onnx.data` by default (ONNX
+    external data): the plan holds them inline, so the repository gets one file that serves
+    as the original; a data file that is missing is refused in one line."""
+    original = onnx.load(str(zoo["image"].path))
+    weights = [numpy_helper.to_array(i).tolist() for i in original.graph.initializer]
+    path = tmp_path / "image.onnx"  # onnx.save moves `original`'s weights out too
+    onnx.save(original, str(path), save_as_external_data=True, location="image.onnx.data",
+              size_threshold=0)  # fmt: skip
+    assert onnx.load(str(path), load_external_data=False).graph.initializer[0].data_location == 1
+    found = plan(path, None, parse_shapes(["images=1x3x8x8:2x3x16x24:4x3x32x32"]))
+    assert all(i.data_location == 0 for i in found.model.graph.initializer)
+    assert [numpy_helper.to_array(i).tolist() for i in found.model.graph.initializer] == weights
+    (tmp_path / "image.onnx.data").unlink()
+    with pytest.raises(UserError) as raised:
+        plan(path)
+    message = str(raised.value)
+    assert "are in separate files (ONNX external data) that cannot be read" in message
+    assert "image.onnx.data" in message and "\n" not in message

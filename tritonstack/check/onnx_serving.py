@@ -52,6 +52,8 @@ DEFAULT_MAX_BATCH_SIZE = 64
 #: enough that a full batch of a few such dims stays a modest request, large enough for short
 #: sequences and chunks. Give --shape for images, long texts and audio.
 DEFAULT_DIM_BOUNDS = (1, 16, 256)
+#: The most bytes one ONNX file can hold: protobuf's limit on a message (2 GiB).
+PROTOBUF_LIMIT = 2**31
 #: A sequence with no request for this long is ended by Triton and its state forgotten.
 SEQUENCE_IDLE_US = 10_000_000
 #: Bytes one value of a string input may hold, unless --max-string-bytes says otherwise.
@@ -192,11 +194,22 @@ def load(path: Path):
         raise UserError(f"{path}: not an ONNX model (no graph); export one with torch.onnx.export")
     external = [i.name for i in model.graph.initializer if i.data_location == 1]
     if external:
-        raise UserError(
-            f"{path}: its weights ({external[0]}, ...) are in separate files (ONNX external data); "
-            "save the model as one file: onnx.save(onnx.load(path), out, "
-            "save_as_external_data=False) (under 2 GB)"
-        )
+        # torch.onnx.export(dynamo=True) writes the weights beside the graph (model.onnx.data) by
+        # default: read them in, so the repository gets one file, as every other model.
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:  # a data file missing, or named outside the model's folder
+            raise UserError(
+                f"{path}: its weights ({external[0]}, ...) are in separate files (ONNX external "
+                f"data) that cannot be read ({type(exc).__name__}: {exc}); keep them beside the "
+                "model, where the exporter wrote them"
+            ) from None
+        if model.ByteSize() >= PROTOBUF_LIMIT:
+            raise UserError(
+                f"{path}: with its external weights the model is "
+                f"{model.ByteSize() / 2**30:.1f} GiB, over the 2 GiB one ONNX file holds; "
+                "add-model serves models of one file"
+            )
     return model
 
 

@@ -272,7 +272,7 @@ class Signature:
                     f"{source}: input {tensor.name} has shape {list(array.shape)}; "
                     f"{self.model} takes {wanted} (-1: variable{within})"
                 )
-            if tensor.max_bytes is not None and array.dtype == np.object_:
+            if tensor.max_bytes is not None and array.dtype.kind in "OSU":
                 longest = max((len(_as_bytes(v)) for v in array.reshape(-1)), default=0)
                 if longest > tensor.max_bytes:
                     raise UserError(
@@ -331,10 +331,10 @@ class Signature:
 
 
 def _as_bytes(value) -> bytes:
-    """A string tensor's value as Triton carries it: bytes (str is sent as UTF-8)."""
+    """A string tensor's value as Triton carries it: plain bytes (str is sent as UTF-8).
+    numpy's bytes_ (an "S" array's item) is a bytes subclass that tritonclient serializes as
+    its repr (b'...'), so it becomes plain bytes here."""
     if isinstance(value, bytes):
-        return value
-    if isinstance(value, np.bytes_):
         return bytes(value)
     return str(value).encode()
 
@@ -422,8 +422,17 @@ def load_arrays(path: Path, signature: Signature) -> dict[str, np.ndarray]:
     """`--input FILE`: a .npy array (a model with one input) or an .npz of one array per input."""
     try:
         loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot read a .npy or .npz file ({exc})") from None
+        if not isinstance(loaded, np.ndarray):
+            with loaded:  # an .npz reads each array when asked: read them all here
+                loaded = {name: loaded[name] for name in loaded.files}
+    except (OSError, ValueError, EOFError) as exc:
+        hint = ""
+        if "allow_pickle" in str(exc):  # numpy's object arrays, often strings, need pickle
+            hint = (
+                ": it holds Python objects, which --input never unpickles; save strings as a "
+                "numpy string array (array.astype(str) or .astype(bytes))"
+            )
+        raise UserError(f"{path}: cannot read a .npy or .npz file ({exc}){hint}") from None
     if isinstance(loaded, np.ndarray):
         if len(signature.inputs) != 1:
             names = [t.name for t in signature.inputs]
@@ -432,8 +441,7 @@ def load_arrays(path: Path, signature: Signature) -> dict[str, np.ndarray]:
                 "save them with numpy.savez(file, **{name: array})"
             )
         return signature.inputs_from_arrays({signature.inputs[0].name: loaded}, str(path))
-    with loaded:
-        return signature.inputs_from_arrays({k: loaded[k] for k in loaded.files}, str(path))
+    return signature.inputs_from_arrays(loaded, str(path))
 
 
 def sample_rows(arrays: Mapping[str, np.ndarray], rows: int, rng: np.random.Generator) -> dict:

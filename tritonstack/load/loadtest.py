@@ -353,8 +353,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--input",
         type=Path,
         default=None,
-        help="a .npy (one-input models) or .npz (an array per input name) to draw rows from "
-        "(default: random values: floats in [-1, 1], integers 0-9)",
+        help="a .npy (one-input models) or .npz (an array per input name) to draw rows from, "
+        "strings as numpy string arrays (default: random values: floats in [-1, 1], "
+        "integers 0-9)",
     )
     parser.add_argument("--shape", choices=SHAPES, default=None, help="default: constant load")
     parser.add_argument("--host", default=f"{LOOPBACK}:{HTTP_PORT}", help="Triton HTTP host:port")
