@@ -188,7 +188,7 @@ end
 core.register_action("check_tensors", { "http-req" }, function(txn)
   local body = txn.f:req_body() or ""
   local limits = txn:get_var("txn.limits") or ""
-  local bounds_field, kinds = limits:match("^[^:]*:[^:]*:[^:]*:([^:]*):?(.*)$")
+  local bounds_field, kinds = limits:match("^[^:]*:[^:]*:[^:]*:([^:]*):?([^:]*)")
   local header = txn.f:req_hdr("inference-header-content-length")
   local binary = header ~= nil and header ~= ""
   if binary then
@@ -235,10 +235,14 @@ core.register_action("check_tensors", { "http-req" }, function(txn)
   end
 end)
 
--- http-request lua.grpc_sequence: the same txn.sequence for a gRPC ModelInfer, read from the
--- start of its protobuf (after gRPC's 5-byte prefix): model_name (field 1) and the "sequence_id"
--- entry of parameters (field 4: map<string, InferParameter>), which come before the tensors
--- (fields 5 on) in the order protobuf writes fields. Only what has arrived is read.
+-- http-request lua.grpc_request: what a gRPC request (ModelInfer, or a metadata call) says of
+-- itself before the rest of it arrives.
+-- gRPC's 5-byte prefix: a compression flag, then the message's length (big-endian), set as
+-- txn.grpc_length for haproxy.cfg to compare with the model's cap. Then the start of the
+-- protobuf: model_name (field 1, set as txn.model) and the "sequence_id" entry of parameters
+-- (field 4: map<string, InferParameter>; the same txn.sequence as lua.check_tensors sets), which
+-- come before the tensors (fields 5 on) in the order protobuf writes fields. Only what has
+-- arrived is read.
 local function varint(data, at)
   local value, shift = 0, 0
   while at <= #data and shift < 64 do
@@ -286,8 +290,11 @@ local function fields(data, at, last)
   return found
 end
 
-core.register_action("grpc_sequence", { "http-req" }, function(txn)
+core.register_action("grpc_request", { "http-req" }, function(txn)
   local body = txn.f:req_body() or ""
+  if #body >= 5 then
+    txn:set_var("txn.grpc_length", (string.unpack(">I4", body, 2)))
+  end
   local model, sequence = nil, nil
   for _, entry in ipairs(fields(body, 6, 5)) do
     if entry[1] == 1 and entry[2] == 2 then
@@ -308,7 +315,10 @@ core.register_action("grpc_sequence", { "http-req" }, function(txn)
       end
     end
   end
-  if model ~= nil and sequence ~= nil then
-    txn:set_var("txn.sequence", model:sub(1, 128) .. " " .. sequence)
+  if model ~= nil then
+    txn:set_var("txn.model", model:sub(1, 128))
+    if sequence ~= nil then
+      txn:set_var("txn.sequence", model:sub(1, 128) .. " " .. sequence)
+    end
   end
 end)

@@ -276,6 +276,53 @@ def test_grpc_shapes_are_triton_s_to_check_and_it_does_so_before_allocating(gate
     assert_triton_up(triton)
 
 
+def test_a_grpc_message_past_its_model_s_largest_request_is_refused_before_triton(
+    gateway, triton
+) -> None:
+    """gRPC sends no Content-Length: the gateway reads the message's length from gRPC's 5-byte
+    prefix and its model from the protobuf's first field (lua.grpc_request), and refuses a
+    message past that model's largest request (models.map) before Triton reads it; the largest
+    request passes. A metadata call is capped too. HAProxy's 413 reaches a gRPC client as an
+    HTTP status (UNKNOWN), or as the stream's reset (CANCELLED) when that overtakes it."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    from tritonstack.core.limits import limits
+
+    cap = next(m for m in limits().models if m.model == "classifier").grpc_body
+
+    def infer(rows: int, pad: int = 0):
+        tensor = service_pb2.ModelInferRequest().InferInputTensor(
+            name="features", datatype="FP32", shape=[rows, 128]
+        )
+        raw = embeddings(rows).tobytes() + bytes(pad)
+        message = service_pb2.ModelInferRequest(
+            model_name="classifier", inputs=[tensor], raw_input_contents=[raw]
+        )
+        return message, len(message.SerializeToString())
+
+    refusals = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED)
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        full, size = infer(64)
+        assert size <= cap
+        assert len(stub.ModelInfer(full, timeout=30).raw_output_contents) == 1
+        # Data past the shape: Triton would read all of it and answer INVALID_ARGUMENT.
+        past, size = infer(64, pad=cap)
+        assert size > cap
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(past, timeout=30)
+        assert caught.value.code() in refusals, caught.value
+        if caught.value.code() == grpc.StatusCode.UNKNOWN:
+            assert "413" in caught.value.details(), caught.value.details()
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="x" * 5000), timeout=30)
+        assert caught.value.code() in refusals, caught.value
+        metadata = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="classifier"))
+        assert metadata.name == "classifier"
+    assert_triton_up(triton)
+
+
 def test_grpc_passes_through_and_admin_methods_do_not(gateway, triton):
     client = grpcclient.InferenceServerClient(gateway.grpc_url)
     try:

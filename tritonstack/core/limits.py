@@ -105,11 +105,18 @@ class ModelLimits:
     def binary_body(self) -> int:
         return self.max_bytes + BINARY_HEADER_BYTES
 
+    @property
+    def grpc_body(self) -> int:
+        """The largest gRPC message (ModelInferRequest): raw tensor bytes (tritonclient's
+        raw_input_contents) take what binary tensors take, typed contents (a protobuf number or
+        string per value) at most what JSON takes."""
+        return max(self.json_body, self.binary_body)
+
     def map_line(self) -> str:
-        """`<model> <values>:<JSON bytes>:<binary bytes>:<shapes>:<kinds>`: HAProxy's map entry.
-        Shapes: `;`-separated `<name, hex>=<AxB...>` of the inputs with variable dims (names in
-        hex, so any name can sit in the line), empty when there are none; kinds: `s` when an
-        input holds strings."""
+        """`<model> <values>:<JSON bytes>:<binary bytes>:<shapes>:<kinds>:<gRPC bytes>`:
+        HAProxy's map entry. Shapes: `;`-separated `<name, hex>=<AxB...>` of the inputs with
+        variable dims (names in hex, so any name can sit in the line), empty when there are
+        none; kinds: `s` when an input holds strings."""
         shapes = ";".join(
             f"{name.encode().hex().upper()}={'x'.join(str(d) for d in dims)}"
             for name, dims in self.max_shapes
@@ -117,7 +124,7 @@ class ModelLimits:
         kinds = "s" if self.strings else ""
         return (
             f"{self.model} {self.max_values}:{self.gateway_json_body}:{self.binary_body}:"
-            f"{shapes}:{kinds}"
+            f"{shapes}:{kinds}:{self.grpc_body}"
         )
 
 
@@ -203,8 +210,9 @@ class Limits:
 
     @property
     def max_body(self) -> int:
-        """The largest JSON body any public model takes."""
-        return max(m.json_body for m in self.models)
+        """The largest gRPC message any public model takes: the cap of a message whose model
+        the gateway cannot read first (its own is in models.map)."""
+        return max(m.grpc_body for m in self.models)
 
     @property
     def max_binary_body(self) -> int:
