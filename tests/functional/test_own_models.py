@@ -149,6 +149,9 @@ REFUSALS = {
                                    "a model name of letters"),
     "labels missing": (lambda m, t: ["add-model", str(m["ranker"]), "--name", "x", "--labels",
                                      str(t / "none.txt")], "cannot read it"),
+    "a single label": (lambda m, t: ["add-model", str(m["linear"]), "--name", "x", "--labels",
+                                     str(one_label(t / "one.txt"))],
+                       "one label, but a classifier's scores rank two classes or more"),
     "labels of the wrong count": (lambda m, t: ["add-model", str(m["linear"]), "--name", "x",
                                                 "--labels", str(m["labels"])],
                                   "has 3 labels, but no score output has 3 classes"),
@@ -181,6 +184,11 @@ def test_every_refusal_is_one_line_and_leaves_the_project_unchanged(
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert words in lines[0], lines[0]
     assert tree(project) == before
+
+
+def one_label(path: Path) -> Path:
+    path.write_text("yes\n")
+    return path
 
 
 @pytest.fixture(scope="module")

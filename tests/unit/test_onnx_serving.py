@@ -285,3 +285,22 @@ def test_weights_written_beside_the_graph_are_read_in_as_dynamo_exports_write_th
     message = str(raised.value)
     assert "are in separate files (ONNX external data) that cannot be read" in message
     assert "image.onnx.data" in message and "\n" not in message
+
+
+def test_a_locale_the_machine_lacks_is_refused_with_the_converter_s_option(tmp_path, capfd):
+    """skl2onnx's text operators (StringNormalizer) ask for en_US.UTF-8 by default, which many
+    machines and containers lack; onnxruntime then cannot load the graph. The refusal names the
+    converter's option, and onnxruntime's own log line stays out of the terminal."""
+    path = model_zoo._save(
+        [helper.make_node("StringNormalizer", ["text"], ["words"], case_change_action="LOWER",
+                          locale="xx_XX.UTF-8")],
+        [model_zoo.V("text", TensorProto.STRING, [1, "c"])],
+        [model_zoo.V("words", TensorProto.STRING, [1, "c"])],
+        tmp_path / "text.onnx",
+    )  # fmt: skip
+    with pytest.raises(UserError) as raised:
+        plan(path)
+    message = str(raised.value)
+    assert "onnxruntime cannot load it" in message and "\n" not in message
+    assert "options={TfidfVectorizer: {'locale': 'C.UTF-8'}}" in message
+    assert "onnxruntime" not in capfd.readouterr().err

@@ -332,7 +332,8 @@ class Runner:
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
-        options.log_severity_level = 3
+        # Fatal only: an error comes back as the exception, said in one line by the caller.
+        options.log_severity_level = 4
         self.session = ort.InferenceSession(
             model.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
@@ -415,7 +416,15 @@ def plan(
     try:
         runner = Runner(model)
     except Exception as exc:
-        raise UserError(f"{path}: onnxruntime cannot load it: {_one_line(exc)}") from None
+        hint = ""
+        if "Failed to construct locale" in str(exc):
+            hint = (
+                "; the graph asks for a locale this machine lacks (skl2onnx's text operators "
+                "ask for en_US.UTF-8 by default): convert with "
+                "options={TfidfVectorizer: {'locale': 'C.UTF-8'}} (or CountVectorizer), a locale "
+                "every Linux has, Triton's container included"
+            )
+        raise UserError(f"{path}: onnxruntime cannot load it: {_one_line(exc)}{hint}") from None
     # What Triton's backend sees: onnxruntime's report, inferred output shapes included.
     graph = rules.graph_from_session(runner.session)
 

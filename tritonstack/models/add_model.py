@@ -74,6 +74,12 @@ def read_labels(path: Path, plan: Plan) -> tuple[list[str], list[str]]:
         raise UserError(f"--labels {path}: line {blank[0]} is empty; one label per line")
     if len(set(labels)) < len(labels):
         raise UserError(f"--labels {path}: a label appears twice; each class needs its own")
+    if len(labels) < 2:
+        raise UserError(
+            f"--labels {path}: one label, but a classifier's scores rank two classes or more "
+            "(Triton's classification extension would give every answer that label); leave "
+            "--labels out for a regressor or a single score"
+        )
     scores = [
         entry["name"]
         for entry in plan.io("output")
