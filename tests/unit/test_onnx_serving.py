@@ -64,7 +64,7 @@ def test_a_variable_dim_without_shape_gets_the_stated_default(zoo):
     found = plan(zoo["sequence"].path)
     low, usual, high = onnx_serving.DEFAULT_DIM_BOUNDS
     assert found.bounds["ids"] == onnx_serving.Bounds((low,), (usual,), (high,))
-    assert any("default (--shape sets them)" in note for note in found.notes)
+    assert any("the default; --shape sets them" in note for note in found.notes)
 
 
 def test_a_graph_without_a_batch_axis_is_served_whole(zoo):

@@ -500,7 +500,7 @@ def plan(
     for name in sorted(bounds):
         described = ":".join("x".join(str(d) for d in getattr(bounds[name], w))
                              for w in ("min", "opt", "max"))  # fmt: skip
-        source = "--shape" if name in shapes else "default (--shape sets them)"
+        source = "--shape" if name in shapes else "the default; --shape sets them"
         per = "per request row" if batching else "per request"
         notes.append(f"{name}: variable dims bounded {described} {per} ({source})")
     strings = {t.name: max_string_bytes for t in graph.inputs if t.elem_type == 8}

@@ -454,7 +454,8 @@ def run(args: argparse.Namespace) -> int:
             load_arrays(args.input, signature)  # a bad file is one line here, not a failed run
         what = f"{args.model}, {args.user_type}, {args.users} users, rows {rows}"
     print(
-        f"loadtest: {what}, {args.shape or 'constant'} for {duration_s:g} s against {host}",
+        f"loadtest: {what}, {args.shape or 'constant'} for {duration_s:g} s against "
+        f"{grpc_host if args.user_type == 'grpc' else host}",
         flush=True,
     )
     result = run_headless(
