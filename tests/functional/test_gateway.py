@@ -26,6 +26,7 @@ from tests.support import ROOT, embeddings, require_tool
 from tritonstack.cli import main as cli_main
 from tritonstack.clients.client import infer
 from tritonstack.clients.metrics import scrape
+from tritonstack.core.contract import LLM_MODEL
 from tritonstack.core.limits import limits
 from tritonstack.core.ports import free_ports
 from tritonstack.core.settings import load
@@ -256,8 +257,9 @@ def test_tritonclient_sees_the_gateway_refusal_as_a_clear_error(gateway):
 
 
 def test_grpc_shapes_are_triton_s_to_check_and_it_does_so_before_allocating(gateway, triton):
-    """gRPC bodies are protobuf, which the gateway does not read; Triton 2.51's gRPC frontend
-    compares the shape with max_batch_size and the model before it allocates (unlike JSON)."""
+    """The gateway reads a gRPC message's shapes only against a model's bounds per dim (the
+    demo's models have none: test_model_zoo.py has them); Triton 2.51's gRPC frontend compares
+    the shape with max_batch_size and the model before it allocates (unlike JSON)."""
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -282,8 +284,9 @@ def test_a_grpc_message_past_its_model_s_largest_request_is_refused_before_trito
     """gRPC sends no Content-Length: the gateway reads the message's length from gRPC's 5-byte
     prefix and its model from the protobuf's first field (lua.grpc_request), and refuses a
     message past that model's largest request (models.map) before Triton reads it; the largest
-    request passes. A metadata call is capped too. HAProxy's 413 reaches a gRPC client as an
-    HTTP status (UNKNOWN), or as the stream's reset (CANCELLED) when that overtakes it."""
+    request passes. A metadata call is capped too. The refusal reaches a gRPC client as
+    RESOURCE_EXHAUSTED with the gateway's reason, or as the stream's reset (CANCELLED) when that
+    overtakes it."""
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -301,7 +304,7 @@ def test_a_grpc_message_past_its_model_s_largest_request_is_refused_before_trito
         )
         return message, len(message.SerializeToString())
 
-    refusals = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED)
+    refusals = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED)
     with grpc.insecure_channel(gateway.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         full, size = infer(64)
@@ -313,13 +316,82 @@ def test_a_grpc_message_past_its_model_s_largest_request_is_refused_before_trito
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelInfer(past, timeout=30)
         assert caught.value.code() in refusals, caught.value
-        if caught.value.code() == grpc.StatusCode.UNKNOWN:
-            assert "413" in caught.value.details(), caught.value.details()
+        if caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            assert "the model's largest request takes" in caught.value.details(), caught.value
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="x" * 5000), timeout=30)
-        assert caught.value.code() in refusals, caught.value
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value
+        assert "a metadata call takes at most 4096" in caught.value.details()
         metadata = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="classifier"))
         assert metadata.name == "classifier"
+    assert_triton_up(triton)
+
+
+def test_grpc_reaches_only_the_public_models_and_says_why_it_refuses(gateway, triton):
+    """Over gRPC the model is a field of the message (lua.grpc_request reads it): a model that is
+    not public (a pipeline's step) is refused as over HTTP, for inference and metadata, though
+    Triton serves it; so is a message naming a public model and then another one (protobuf keeps
+    the last, which Triton would serve), a compressed one (unreadable, and its length bounds
+    nothing Triton inflates), and the LLM's metadata with no LLM behind the gateway. Each
+    refusal reaches tritonclient as a gRPC status with the gateway's reason."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    direct = grpcclient.InferenceServerClient(triton.grpc_url)
+    client = grpcclient.InferenceServerClient(gateway.grpc_url)
+    try:
+        assert direct.get_model_config("postprocess").config.name == "postprocess"
+        scores = grpcclient.InferInput("class", [1, 2], "FP32")
+        scores.set_data_from_numpy(np.zeros([1, 2], np.float32))
+        for call in (
+            lambda: client.get_model_config("postprocess"),
+            lambda: client.get_model_metadata("postprocess"),
+            lambda: client.is_model_ready("postprocess"),
+            lambda: client.infer("postprocess", [scores]),
+        ):
+            with pytest.raises(InferenceServerException) as caught:
+                call()
+            assert caught.value.status() == "StatusCode.NOT_FOUND", caught.value
+            assert "model postprocess is not routed by the gateway" in caught.value.message()
+        tensor = grpcclient.InferInput("features", [2, 128], "FP32")
+        tensor.set_data_from_numpy(embeddings(2))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("classify", [tensor], compression_algorithm="gzip")
+        assert caught.value.status() == "StatusCode.UNIMPLEMENTED", caught.value
+        assert "send them uncompressed" in caught.value.message()
+        with pytest.raises(InferenceServerException) as caught:
+            client.get_model_metadata(LLM_MODEL)
+        assert caught.value.status() == "StatusCode.UNAVAILABLE", caught.value
+        assert "no LLM is served behind this gateway" in caught.value.message()
+        assert client.infer("classify", [tensor]).as_numpy("label").shape == (2, 1)
+    finally:
+        direct.close()
+        client.close()
+
+    # The public model first, the step after: Triton takes the step's name.
+    public = service_pb2.ModelInferRequest(model_name="classify").SerializeToString()
+    step = service_pb2.ModelInferRequest(
+        model_name="postprocess",
+        inputs=[service_pb2.ModelInferRequest().InferInputTensor(
+            name="class", datatype="FP32", shape=[1, 2])],
+        raw_input_contents=[bytes(8)],
+    ).SerializeToString()  # fmt: skip
+    crafted = service_pb2.ModelInferRequest.FromString(public + step)
+    assert crafted.model_name == "postprocess"
+    for url, code in ((triton.grpc_url, grpc.StatusCode.OK),
+                      (gateway.grpc_url, grpc.StatusCode.INVALID_ARGUMENT)):  # fmt: skip
+        with grpc.insecure_channel(url) as channel:
+            raw = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=lambda message: message,
+                response_deserializer=service_pb2.ModelInferResponse.FromString,
+            )
+            try:
+                answer = raw(public + step, timeout=30)
+                assert code == grpc.StatusCode.OK and answer.model_name == "postprocess"
+            except grpc.RpcError as refused:
+                assert refused.code() == code, refused
+                assert "model_name comes twice" in refused.details()
     assert_triton_up(triton)
 
 
@@ -339,7 +411,8 @@ def test_grpc_passes_through_and_admin_methods_do_not(gateway, triton):
         ):
             with pytest.raises(InferenceServerException) as caught:
                 admin()
-            assert "404" in caught.value.message()
+            assert caught.value.status() == "StatusCode.UNIMPLEMENTED", caught.value
+            assert "method not routed by the gateway" in caught.value.message()
     finally:
         client.close()
 
@@ -438,7 +511,8 @@ def test_api_keys_guard_inference_and_rotate_without_restart(triton, tmp_path, c
         tensor.set_data_from_numpy(embeddings(1))
         with pytest.raises(InferenceServerException) as caught:
             client.infer("classify", [tensor])
-        assert "401" in caught.value.message()
+        assert caught.value.status() == "StatusCode.UNAUTHENTICATED", caught.value
+        assert "missing or unknown API key" in caught.value.message()
         result = client.infer("classify", [tensor], headers={"authorization": f"Bearer {bob}"})
         assert result.as_numpy("label").shape == (1, 1)
         client.close()

@@ -260,6 +260,30 @@ def test_a_bad_request_is_a_4xx_and_every_model_keeps_serving(served, name):
     assert healthy.returncode == 0 and healthy.stdout.startswith(f"healthy: {name}"), healthy
 
 
+def test_a_grpc_shape_beyond_the_bounds_is_refused_as_over_http(served):
+    """protobuf writes an input's name and shape before its bytes: the gateway refuses a gRPC
+    shape beyond the model's bounds (add-model --shape) with the reason, as it does over HTTP,
+    where Triton itself (its dims are -1) would run it."""
+    from tritonclient.utils import InferenceServerException
+
+    def infer(url: str, shape: list[int]):
+        tensor = grpcclient.InferInput("images", shape, "FP32")
+        tensor.set_data_from_numpy(np.zeros(shape, np.float32))
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            return client.infer("image", [tensor])
+        finally:
+            client.close()
+
+    beyond = [1, 3, 64, 8]
+    assert infer(served["triton_grpc"], beyond).get_response().model_name == "image"
+    with pytest.raises(InferenceServerException) as caught:
+        infer(served["grpc"], beyond)
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT", caught.value
+    assert BAD["image"][1] in caught.value.message(), caught.value
+    assert infer(served["grpc"], [2, 3, 32, 16]).get_response().model_name == "image"
+
+
 def test_the_model_that_did_not_load_is_named_by_the_gateway_health_and_top(served, project):
     host, port = served["http"].split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)

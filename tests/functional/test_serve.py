@@ -67,7 +67,8 @@ def serve_project(project: Path, timeout: float = 180) -> Iterator[dict]:
     try:
         lines = wait_for_line(process, "Ctrl-C stops the server", timeout=timeout)
         yield {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}",
-               "triton": f"127.0.0.1:{ports[3]}", "metrics": f"127.0.0.1:{ports[2]}",
+               "triton": f"127.0.0.1:{ports[3]}", "triton_grpc": f"127.0.0.1:{ports[4]}",
+               "metrics": f"127.0.0.1:{ports[2]}",
                "gateway_metrics": f"127.0.0.1:{ports[5]}", "process": process,
                "lines": lines}  # fmt: skip
     finally:

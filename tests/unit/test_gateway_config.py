@@ -72,7 +72,8 @@ def test_an_llm_body_fits_the_buffer_it_is_read_in() -> None:
     lim = limits.limits()
     assert lim.llm_max_body == lim.settings.GATEWAY_LLM_MAX_PROMPT + limits.LLM_PARAMETER_BYTES
     # The committed models' full batches, as JSON and as binary tensors, are checked whole.
-    assert lim.bufsize > max(lim.llm_max_body, lim.max_body, lim.max_binary_body)
+    largest = max(m.grpc_body for m in lim.models)
+    assert lim.bufsize > max(lim.llm_max_body, largest, lim.max_binary_body)
 
 
 def test_a_model_with_large_inputs_changes_neither_the_buffer_nor_the_connections() -> None:
@@ -121,17 +122,6 @@ def test_a_budget_too_small_for_one_connection_is_refused_with_the_fix() -> None
     )
     with pytest.raises(UserError, match="GATEWAY_MEMORY_MB=1 leaves no connection"):
         tiny.environment()
-
-
-def test_grpc_name_prefix_is_protobuf_field_one() -> None:
-    from tritonclient.grpc import service_pb2
-
-    for name in ("llm", "a" * 127):
-        message = service_pb2.ModelReadyRequest(name=name, version="1").SerializeToString()
-        assert message.hex().upper().startswith(limits.grpc_name_prefix(name))
-    assert not bytes.fromhex(limits.grpc_name_prefix("llm2")).startswith(
-        bytes.fromhex(limits.grpc_name_prefix("llm"))
-    )
 
 
 def test_the_docs_state_the_stop_bound_the_gateway_has() -> None:

@@ -209,12 +209,6 @@ class Limits:
         return tuple(m.model for m in self.models)
 
     @property
-    def max_body(self) -> int:
-        """The largest gRPC message any public model takes: the cap of a message whose model
-        the gateway cannot read first (its own is in models.map)."""
-        return max(m.grpc_body for m in self.models)
-
-    @property
     def max_binary_body(self) -> int:
         """The largest binary (or gRPC) body any public model takes."""
         return max(m.binary_body for m in self.models)
@@ -266,7 +260,6 @@ class Limits:
         """The values HAProxy reads that follow from the repository and stack.env (the rest of
         stack.env it reads as it is)."""
         return {
-            "GATEWAY_MAX_BODY": str(self.max_body),
             "GATEWAY_BUFSIZE": str(self.bufsize),
             "GATEWAY_BUFFERED_BODY": str(self.bufsize - HEADER_ROOM),
             "GATEWAY_HTTP_CONNECTIONS": str(self.http_connections),
@@ -277,7 +270,6 @@ class Limits:
                 self.http_connections + self.grpc_connections + METRICS_CONNECTIONS
             ),
             "GATEWAY_LLM_MODEL": self.llm_model,
-            "GATEWAY_LLM_GRPC_NAME": grpc_name_prefix(self.llm_model),
             "GATEWAY_LLM_MAX_BODY": str(self.llm_max_body),
             "GATEWAY_LLM_TOKENS_PATTERN": number_range_pattern(
                 self.settings.GATEWAY_LLM_MAX_TOKENS
@@ -299,15 +291,6 @@ def limits(repository: Path | None = None, settings: Settings | None = None) -> 
             f"remove it, or add the model (it holds {', '.join(sorted(models))})"
         )
     return Limits(tuple(model_limits(models[name]) for name in settings.public_models), settings)
-
-
-def grpc_name_prefix(model: str) -> str:
-    """How a gRPC ModelReady/ModelMetadata/ModelConfig request for `model` starts after gRPC's
-    5-byte message prefix, in hex: protobuf field 1 (tag 0x0A), its length, the name."""
-    name = model.encode()
-    if len(name) > 127:  # one length byte holds up to 127 (a varint)
-        raise ValueError(f"model name longer than 127 bytes: {model}")
-    return (bytes([0x0A, len(name)]) + name).hex().upper()
 
 
 def number_range_pattern(highest: int) -> str:

@@ -159,6 +159,24 @@ local function hex(text)
   return (text:gsub(".", function(char) return string.format("%02X", char:byte()) end))
 end
 
+-- "<name>: ..." when a shape (a list of integers) exceeds the bounds of that input (nil: the
+-- input is not bounded); nil when it is within them.
+local function over_bounds(name, shape, bounds)
+  local largest = bounds[hex(name)]
+  if largest == nil then
+    return nil
+  end
+  local over = #shape ~= #largest
+  for i = 1, math.min(#shape, #largest) do
+    over = over or shape[i] < 0 or shape[i] > largest[i]
+  end
+  if over then
+    return string.format("%s: shape [%s] is beyond the largest the model takes, [%s]",
+      name:sub(1, 64), table.concat(shape, ","), table.concat(largest, ","))
+  end
+  return nil
+end
+
 -- The first input whose shape exceeds its bounds, described; nil when none does.
 local function beyond(body, bounds)
   local inputs = body:match('"inputs"%s*:%s*(%b[])')
@@ -168,19 +186,14 @@ local function beyond(body, bounds)
   for tensor in inputs:gmatch("%b{}") do
     local name = tensor:match('"name"%s*:%s*"([^"\\]*)"')
     local dims = tensor:match('"shape"%s*:%s*%[([^%]]*)%]')
-    local largest = name and bounds[hex(name)]
-    if largest ~= nil and dims ~= nil then
+    if name ~= nil and dims ~= nil then
       local shape = {}
       for number in dims:gmatch("%d+") do
         shape[#shape + 1] = tonumber(number)
       end
-      local over = #shape ~= #largest
-      for i = 1, math.min(#shape, #largest) do
-        over = over or shape[i] > largest[i]
-      end
-      if over then
-        return string.format("%s: shape [%s] is beyond the largest the model takes, [%s]",
-          name:sub(1, 64), dims:gsub("%s", ""), table.concat(largest, ","))
+      local found = over_bounds(name, shape, bounds)
+      if found ~= nil then
+        return found
       end
     end
   end
@@ -238,16 +251,29 @@ core.register_action("check_tensors", { "http-req" }, function(txn)
 end)
 
 -- http-request lua.grpc_request: what a gRPC request (ModelInfer, or a metadata call) says of
--- itself before the rest of it arrives.
--- gRPC's 5-byte prefix: a compression flag, then the message's length (big-endian), set as
--- txn.grpc_length for haproxy.cfg to compare with the model's cap. Then the start of the
--- protobuf: model_name (field 1, set as txn.model) and the "sequence_id" entry of parameters
--- (field 4: map<string, InferParameter>; the same txn.sequence as lua.check_tensors sets), which
--- come before the tensors (fields 5 on) in the order protobuf writes fields. Only what has
--- arrived is read.
-local function varint(data, at)
+-- itself, read from what has arrived of it (haproxy.cfg waits for its first kilobytes, or all of
+-- it: a metadata call is small). It sets:
+--
+--   txn.grpc_length  the message's length, from gRPC's 5-byte prefix (a compression flag, then
+--                    the length, big-endian), for haproxy.cfg to compare with the model's cap.
+--   txn.grpc_compressed  set when the flag says compressed: the gateway cannot read such a
+--                    message, and its length says nothing of what Triton would inflate.
+--   txn.model        model_name (field 1 of ModelInferRequest, name of the metadata requests);
+--                    txn.model_message: the same, written for a grpc-message header.
+--   txn.model_twice  set when field 1 comes again with another name: protobuf takes the last,
+--                    Triton would serve that one, and the gateway checked the first.
+--   txn.sequence     "<model> <ID>" of the "sequence_id" entry of parameters (field 4: map<string,
+--                    InferParameter>), as lua.check_tensors sets it.
+--   txn.beyond       (lua.grpc_bounds) as lua.check_tensors', for a grpc-message header: an
+--                    input (field 5: InferInputTensor, its name field 1 and shape field 3) whose
+--                    shape exceeds its model's bounds (models.map).
+--
+-- Protobuf writes fields in their numbers' order, so model, parameters and the inputs' names and
+-- shapes come before the tensors' bytes (raw_input_contents, field 7, or an input's contents,
+-- its field 5): a message larger than what arrived is checked on that start.
+local function varint(data, at, stop)
   local value, shift = 0, 0
-  while at <= #data and shift < 64 do
+  while at <= stop and shift < 64 do
     local byte = data:byte(at)
     value = value | ((byte & 0x7F) << shift)
     at = at + 1
@@ -259,68 +285,160 @@ local function varint(data, at)
   return nil, at
 end
 
--- The fields of one message, each as (field number, wire type, value: a number or the bytes of a
--- length-delimited field); stops at the first field numbered `last` or beyond, or what is cut.
-local function fields(data, at, last)
+-- The fields of the message in data[at..stop], in order, each { field, wire type, value } where
+-- a varint's value is its number and a length-delimited field's is { first, last }, its bytes'
+-- positions (not copied: a tensor's bytes may be megabytes). The second result is false when the
+-- data ends inside a field: the rest of the message has not arrived, or it is not protobuf.
+local function fields(data, at, stop)
   local found = {}
-  while at <= #data do
-    local tag
-    tag, at = varint(data, at)
-    if tag == nil or (tag >> 3) >= last then
-      break
+  while at <= stop do
+    local tag, value
+    tag, at = varint(data, at, stop)
+    if tag == nil then
+      return found, false
     end
-    local field, wire, value = tag >> 3, tag & 7, nil
+    local wire = tag & 7
     if wire == 0 then
-      value, at = varint(data, at)
+      value, at = varint(data, at, stop)
     elseif wire == 2 then
       local length
-      length, at = varint(data, at)
-      if length == nil or at + length - 1 > #data then
-        break
+      length, at = varint(data, at, stop)
+      if length ~= nil and length >= 0 and at + length - 1 <= stop then
+        value, at = { at, at + length - 1 }, at + length
+      else
+        -- cut: what arrived of it, for the message's own fields read so far
+        found[#found + 1] = { tag >> 3, wire, { at, stop }, cut = true }
+        return found, false
       end
-      value, at = data:sub(at, at + length - 1), at + length
     elseif wire == 1 or wire == 5 then
       at = at + (wire == 1 and 8 or 4)
-    else
-      break
+      value = at - 1 <= stop and 0 or nil
     end
     if value == nil then
-      break
+      return found, false
     end
-    found[#found + 1] = { field, wire, value }
+    found[#found + 1] = { tag >> 3, wire, value }
   end
-  return found
+  return found, true
+end
+
+local function text(data, span)
+  return data:sub(span[1], span[2])
+end
+
+-- A text as gRPC's grpc-message carries it: bytes outside printable ASCII, and "%", as %XX.
+local function grpc_message(value)
+  return (value:gsub("[^ -$&-~]", function(char) return string.format("%%%02X", char:byte()) end))
+end
+
+-- One InferInputTensor's name and shape (packed, as protobuf writes a repeated int64, or not);
+-- nil for either that has not arrived.
+local function input_shape(data, span)
+  local name, shape = nil, nil
+  for _, entry in ipairs((fields(data, span[1], span[2]))) do
+    local field, wire, value = entry[1], entry[2], entry[3]
+    if field == 1 and wire == 2 and not entry.cut then
+      name = text(data, value)
+    elseif field == 3 and wire == 2 and not entry.cut then
+      shape = shape or {}
+      local at = value[1]
+      while at <= value[2] do
+        local dim
+        dim, at = varint(data, at, value[2])
+        if dim == nil then
+          break
+        end
+        shape[#shape + 1] = dim
+      end
+    elseif field == 3 and wire == 0 then
+      shape = shape or {}
+      shape[#shape + 1] = value
+    end
+  end
+  return name, shape
+end
+
+-- The sequence ID of one entry of parameters, when its key is "sequence_id".
+local function sequence_id(data, span)
+  local key, parameter = nil, nil
+  for _, part in ipairs((fields(data, span[1], span[2]))) do
+    if part[1] == 1 and part[2] == 2 and not part.cut then
+      key = text(data, part[3])
+    elseif part[1] == 2 and part[2] == 2 and not part.cut then
+      parameter = part[3]
+    end
+  end
+  if key ~= "sequence_id" or parameter == nil then
+    return nil
+  end
+  local sequence = nil
+  for _, value in ipairs((fields(data, parameter[1], parameter[2]))) do
+    if (value[1] == 2 or value[1] == 5) and value[2] == 0 then -- int64_param, uint64_param
+      sequence = string.format("%d", value[3])
+    elseif value[1] == 3 and value[2] == 2 and not value.cut then -- string_param
+      sequence = text(data, value[3]):sub(1, 64)
+    end
+  end
+  return sequence
 end
 
 core.register_action("grpc_request", { "http-req" }, function(txn)
   local body = txn.f:req_body() or ""
-  if #body >= 5 then
-    txn:set_var("txn.grpc_length", (string.unpack(">I4", body, 2)))
+  if #body < 5 then
+    return
   end
-  local model, sequence = nil, nil
-  for _, entry in ipairs(fields(body, 6, 5)) do
-    if entry[1] == 1 and entry[2] == 2 then
-      model = entry[3]
-    elseif entry[1] == 4 and entry[2] == 2 then
-      local key, parameter = nil, nil
-      for _, part in ipairs(fields(entry[3], 1, 3)) do
-        if part[1] == 1 then key = part[3] elseif part[1] == 2 then parameter = part[3] end
+  local length = string.unpack(">I4", body, 2)
+  txn:set_var("txn.grpc_length", length)
+  if body:byte(1) ~= 0 then
+    txn:set_var("txn.grpc_compressed", 1)
+    return
+  end
+  local message = fields(body, 6, math.min(#body, 5 + length))
+  local model, sequence, inputs = nil, nil, {}
+  for _, entry in ipairs(message) do
+    local field, wire, value = entry[1], entry[2], entry[3]
+    if field == 1 and wire == 2 then
+      local name = entry.cut and "" or text(body, value)
+      if model == nil then
+        model = name
+      elseif name ~= model then
+        txn:set_var("txn.model_twice", 1)
       end
-      if key == "sequence_id" and type(parameter) == "string" then
-        for _, value in ipairs(fields(parameter, 1, 6)) do
-          if value[1] == 2 or value[1] == 5 then -- int64_param, uint64_param
-            sequence = string.format("%d", value[3])
-          elseif value[1] == 3 then -- string_param
-            sequence = value[3]:sub(1, 64)
-          end
-        end
-      end
+    elseif field == 4 and wire == 2 and not entry.cut then
+      sequence = sequence_id(body, value) or sequence
+    elseif field == 5 and wire == 2 then
+      inputs[#inputs + 1] = value
     end
   end
-  if model ~= nil then
-    txn:set_var("txn.model", model:sub(1, 128))
-    if sequence ~= nil then
-      txn:set_var("txn.sequence", model:sub(1, 128) .. " " .. sequence)
+  if model == nil then
+    return
+  end
+  txn:set_var("txn.model", model)
+  txn:set_var("txn.model_message", grpc_message(model:sub(1, 128)))
+  if sequence ~= nil then
+    txn:set_var("txn.sequence", model:sub(1, 128) .. " " .. sequence)
+  end
+  txn:set_priv({ body = body, inputs = inputs })
+end)
+
+-- http-request lua.grpc_bounds, after lua.grpc_request and the model's map lookup (txn.limits):
+-- txn.beyond for the first input of that message whose shape exceeds the model's bounds.
+core.register_action("grpc_bounds", { "http-req" }, function(txn)
+  local read = txn:get_priv()
+  local limits = txn:get_var("txn.limits") or ""
+  local bounds_field = limits:match("^[^:]*:[^:]*:[^:]*:([^:]*)")
+  if read == nil or bounds_field == nil or bounds_field == "" then
+    return
+  end
+  local bounds = parse_bounds(bounds_field)
+  for _, span in ipairs(read.inputs) do
+    local name, shape = input_shape(read.body, span)
+    if name ~= nil and shape ~= nil then
+      local found = over_bounds(name, shape, bounds)
+      if found ~= nil then
+        txn:set_var("txn.beyond", grpc_message(found))
+        return
+      end
     end
   end
 end)
