@@ -86,6 +86,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     compose = project_dir() / "docker-compose.yml"
     if compose.is_file():  # what `docker compose up` hands its containers from this checkout
         checked.append((compose, check_mounts(compose)))
+    stack_env = project_dir() / "stack.env"
+    if stack_env.is_file() and _is_project_repository(args.model_repository):
+        checked.append((stack_env, _check_public_models(args.model_repository)))
     failed = 0
     for what, problems in checked:
         for problem in problems:
@@ -98,6 +101,24 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.load and not failed:
         failed += _check_loads(args.model_repository)
     return 1 if failed else 0
+
+
+def _is_project_repository(repository: Path) -> bool:
+    from tritonstack import DEFAULT_MODEL_REPOSITORY
+
+    return Path(repository).resolve() == Path(DEFAULT_MODEL_REPOSITORY).resolve()
+
+
+def _check_public_models(repository: Path) -> list[str]:
+    """stack.env's PUBLIC_MODELS against the repository, read as `serve`, compose and the
+    gateway read them: a public model the repository no longer holds stops them all."""
+    from tritonstack.core.limits import limits
+
+    try:
+        limits(repository)
+    except UserError as exc:
+        return [str(exc)]
+    return []
 
 
 def _check_loads(repository: Path) -> int:
