@@ -11,6 +11,8 @@ request, each apart: 8, the smallest batch the target names, and 32, where a req
 (HTTP, the batcher, the backend's hop) is spread over four times the rows. For each model and
 batch, rows per second of:
 
+Every server and onnxruntime in-process cycle through the same VARIETY distinct batches.
+
 - `onnxruntime`: the graph run in this process on one batch after another, in two layouts
   (one session with onnxruntime's own thread count, every core; one single-threaded session per
   core, each with its own caller): the faster is the ceiling a server is measured against;
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.loadgen import Generator, Target
+from bench.loadgen import Generator, Target, batches
 from bench.servers import baseline_venv, cpu_delta, start_triton, start_uvicorn
 from bench.stats import Rep, average_batch, summarize
 
@@ -45,6 +47,10 @@ from bench.stats import Rep, average_batch, summarize
 ROW_COUNTS = (8, 32)
 CLIENTS = 16
 FLOOR = 0.8
+#: Distinct batches every server and onnxruntime in-process cycle through: a tree ensemble fed
+#: one batch over and over has every branch predicted (8 rows of `lightgbm`: 8 µs a row against
+#: 20 on new rows), which no real traffic gives.
+VARIETY = 16
 #: The models measured, and the --shape bounds add-model gets for each.
 MODELS = ("image", "lightgbm")
 SHAPES = {"image": ["images=1x3x32x32:8x3x64x64:32x3x128x128"], "lightgbm": []}
@@ -153,19 +159,14 @@ def build_models(folder: Path) -> dict[str, Path]:
     return paths
 
 
-def batch(signature, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """`rows` rows at the model's opt shape (what every server gets)."""
-    return signature.random_inputs(rows, np.random.default_rng(seed))
-
-
 def in_process(
-    model_path: Path, feeds: dict[str, np.ndarray], settings: OwnSettings, layout: str
+    model_path: Path, batches: list[dict[str, np.ndarray]], settings: OwnSettings, layout: str
 ) -> dict:
-    """Rows/s of onnxruntime running the batch back to back in this process, in one of the
-    LAYOUTS: one session with onnxruntime's default threads (every core) and one caller, or one
-    session of one intra-op thread per core, each with a caller thread of its own (onnxruntime
-    releases the GIL while it runs). Which is faster depends on the model and the batch: a tree
-    ensemble splits a small batch across threads at a loss."""
+    """Rows/s of onnxruntime running the batches in turn, back to back, in this process, in one
+    of the LAYOUTS: one session with onnxruntime's default threads (every core) and one caller,
+    or one session of one intra-op thread per core, each with a caller thread of its own
+    (onnxruntime releases the GIL while it runs). Which is faster depends on the model and the
+    batch: a tree ensemble splits a small batch across threads at a loss."""
     import threading
 
     import onnxruntime as ort
@@ -178,10 +179,13 @@ def in_process(
         ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
         for _ in range(callers)
     ]
-    graph_feeds = {}
-    for tensor in sessions[0].get_inputs():
-        value = feeds[tensor.name]
-        graph_feeds[tensor.name] = value.reshape(value.shape[: len(tensor.shape)])
+    graph_feeds = [
+        {
+            tensor.name: feeds[tensor.name].reshape(feeds[tensor.name].shape[: len(tensor.shape)])
+            for tensor in sessions[0].get_inputs()
+        }
+        for feeds in batches
+    ]
     names = [o.name for o in sessions[0].get_outputs()]
 
     def window(seconds: float) -> tuple[int, float, float]:
@@ -190,7 +194,7 @@ def in_process(
 
         def call(index: int) -> None:
             while time.monotonic() - started < seconds:
-                sessions[index].run(names, graph_feeds)
+                sessions[index].run(names, graph_feeds[counts[index] % len(graph_feeds)])
                 counts[index] += 1
 
         threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
@@ -206,7 +210,7 @@ def in_process(
     for _ in range(settings.reps):
         runs, wall, cores = window(settings.seconds)
         reps.append(Rep(runs, 0, wall, 0, 0, 0, 0, server_cores=cores, generator_cores=0))
-    rows = len(next(iter(feeds.values())))
+    rows = len(next(iter(batches[0].values())))
     return asdict(summarize(reps, rows_per_request=rows))
 
 
@@ -291,14 +295,15 @@ def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None])
         m.name: Signature.from_model(m) for m in iter_models(repository) if m.name in MODELS
     }
     generators = {
-        rows: Generator(workdir / f"load-{rows}", signatures, rows=rows)
+        rows: Generator(workdir / f"load-{rows}", signatures, rows=rows, variety=VARIETY)
         for rows in settings.row_counts
     }
     points = []
     for name in MODELS:
         for rows in settings.row_counts:
             for layout in LAYOUTS:
-                summary = in_process(paths[name], batch(signatures[name], rows), settings, layout)
+                feeds = batches(signatures[name], rows, VARIETY)
+                summary = in_process(paths[name], feeds, settings, layout)
                 points.append({"model": name, "rows": rows, "server": "onnxruntime",
                                "protocol": layout, "summary": summary})  # fmt: skip
                 log(f"own: {name} x{rows} onnxruntime in-process, {layout}: "
@@ -332,6 +337,7 @@ def run_family(settings: OwnSettings, workdir: Path, log: Callable[[str], None])
             "settings": asdict(settings),
             "rows": list(settings.row_counts),
             "clients": CLIENTS,
+            "variety": VARIETY,
         },
         "points": points,
     }

@@ -828,6 +828,7 @@ def own_results(triton: dict[str, tuple[float, float]], rows: int = 8) -> dict:
         "settings": asdict(own.FULL),
         "rows": [rows],
         "clients": own.CLIENTS,
+        "variety": own.VARIETY,
     }
     return {"meta": meta, "points": points}
 
@@ -921,3 +922,33 @@ def test_own_results_merge_into_a_full_run_and_render(tmp_path):
     }
     new = {"meta": {"quick": False, "families": ["own"]}, "points": [], "own": own_results({})}
     assert results.merge(base, new)["own"] == new["own"]
+
+
+def test_own_in_process_runs_every_batch_it_is_given_in_turn(tmp_path, monkeypatch):
+    """onnxruntime in-process cycles through the batches the servers get, not one of them."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from bench import own
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "identity",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )  # fmt: skip
+    path = tmp_path / "identity.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    seen = []
+    real_run = ort.InferenceSession.run
+
+    def run(self, names, feeds, *args):
+        seen.append(feeds["x"][0, 0].item())
+        return real_run(self, names, feeds, *args)
+
+    monkeypatch.setattr(ort.InferenceSession, "run", run)
+    batches = [{"x": np.full((2, 4), float(i), np.float32)} for i in range(3)]
+    settings = own.OwnSettings(quick=True, warmup_s=0.05, seconds=0.05, reps=1)
+    summary = own.in_process(path, batches, settings, "every core")
+    assert summary["rows_per_request"] == 2
+    assert seen[:6] == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0], seen[:6]

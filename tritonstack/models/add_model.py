@@ -138,16 +138,15 @@ def cpu_config(name: str, plan: Plan, labelled: list[str], source: str) -> str:
     )
     if plan.server_state:
         batching = (
-            "State kept in the\nserver: the sequence batcher sends every request of a "
-            "sequence (the client's sequence ID)\nto one instance and feeds each state output "
-            "back as its input; a sequence starts from\nzeros. No queue policy: the gateway "
-            "refuses overload."
+            "State kept in the server: the sequence batcher sends every request of a sequence\n"
+            "(the client's sequence ID) to one instance and feeds each state output back as its\n"
+            "input; a sequence starts from zeros. No queue policy: the gateway refuses overload."
         )
     return render(
         config,
         f"{name}: added by `tritonstack add-model` from {source}; served as classifier is.\n"
         "Inputs and outputs as the ONNX graph has them (and as running it showed), the batch\n"
-        f"dimension (max_batch_size) taken off. {batching}\n"
+        f"dimension (max_batch_size) taken off.\n{batching}\n"
         f"One intra-op thread per instance, {CPU_INSTANCES} instances: two requests at once on a "
         "small CPU.\nRegenerate with `tritonstack add-model`; tritonstack.* parameters are read "
         "by this\nstack's clients and the gateway (tritonstack/check/onnx_serving.py), "
