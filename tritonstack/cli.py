@@ -37,6 +37,10 @@ PLUGGED_COMMANDS: dict[str, tuple[str, str]] = {
         "tritonstack.models.add_model",
         "serve an ONNX model of yours: write its repository folder",
     ),
+    "remove-model": (
+        "tritonstack.models.remove_model",
+        "stop serving a model: remove its folders, as add-model wrote them",
+    ),
     "loadtest": ("tritonstack.load.loadtest", "headless Locust run with pass/fail gates"),
     "dashboards": ("tritonstack.render.dashboards", "regenerate grafana/dashboards/*.json"),
     "top": ("tritonstack.clients.top", "live per-model view of Triton's metrics in the terminal"),
@@ -53,6 +57,7 @@ COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
     "export": ("export",),
     "check": ("serve",),
     "add-model": ("serve",),
+    "remove-model": ("serve",),
     "serve": ("serve",),
     "soak": ("serve", "render"),
     "up": ("serve", "load"),

@@ -170,6 +170,10 @@ REFUSALS = {
     "a batch too large for a request": (lambda m, t: ["add-model", str(m["ranker"]), "--name",
                                                       "x", "--max-batch-size", "1000000"],
                                         "lower max_batch_size"),
+    "removing a model others call": (lambda m, t: ["remove-model", "classifier"],
+                                     "classify, pipeline still call it (classify/config.pbtxt: "),
+    "removing a model there is not": (lambda m, t: ["remove-model", "nope"],
+                                      "nope: no such model in"),
 }  # fmt: skip
 
 
@@ -185,6 +189,25 @@ def test_every_refusal_is_one_line_and_leaves_the_project_unchanged(
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert words in lines[0], lines[0]
     assert tree(project) == before
+
+
+def test_remove_model_undoes_add_model_to_the_byte(models, tmp_path):
+    """add-model then remove-model leaves the project as it was: the folders, stack.env and
+    every file derived from the repository (the gateway's map, the probes, Kubernetes' copies)."""
+    root = copy_project(tmp_path / "tritonstack")
+    before = tree(root)
+    added = tritonstack(root, "add-model", str(models["linear"]), "--name", "linear")
+    assert added.returncode == 0, added.stderr
+    assert (root / "model_repository" / "linear_trt").is_dir() and tree(root) != before
+    removed = tritonstack(root, "remove-model", "linear")
+    assert removed.returncode == 0, removed.stderr
+    assert "removed model_repository/linear\n" in removed.stdout
+    assert "removed model_repository/linear_trt\n" in removed.stdout
+    assert "wrote stack.env\n" in removed.stdout
+    assert tree(root) == before
+    assert not [p for p in root.iterdir() if p.name.startswith(".remove-model-")]
+    checked = tritonstack(root, "check", "--no-load")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def one_label(path: Path) -> Path:

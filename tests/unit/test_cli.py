@@ -59,6 +59,7 @@ EVERY_EXTRA = set(EXTRAS.values())
         ("serve", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
         ("check", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
         ("add-model", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
+        ("remove-model", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
         ("infer", "clients", "geventhttpclient"),
         ("loadtest", "load", "geventhttpclient, locust"),
         ("up", "serve", "geventhttpclient, onnx, onnxruntime, pytriton"),
@@ -71,6 +72,7 @@ def test_a_command_whose_extra_is_missing_names_the_extra(tmp_path, command, ext
     args = {
         "export": ("--model-repository", str(repository)),
         "add-model": ("x.onnx", "--name", "x"),
+        "remove-model": ("x",),
     }
     result = run_without(EVERY_EXTRA, command, *args.get(command, ()))
     assert_one_line_error(
@@ -150,3 +152,28 @@ def test_check_names_a_public_model_the_repository_no_longer_holds(tmp_path):
     assert "Traceback" not in checked.stderr
     assert "stack.env's PUBLIC_MODELS names deleted, which" in checked.stderr
     assert f"1 problem(s) in {stack}" in checked.stderr
+
+
+def test_remove_model_refuses_the_last_public_model_and_changes_nothing(tmp_path):
+    """The gateway needs a public model: removing the only one is one line, the project intact;
+    a model that is not public leaves stack.env as it is."""
+    from tritonstack.core.settings import without_public_model
+
+    text = "# models\nPUBLIC_MODELS=pipeline classify classifier\nGATEWAY_MAXCONN=32\n"
+    assert without_public_model(text, "classify") == text.replace("classify ", "")
+    assert without_public_model(text, "postprocess") == text
+    project = tmp_path / "project"
+    (project / "model_repository" / "only").mkdir(parents=True)
+    (project / "model_repository" / "only" / "config.pbtxt").write_text(
+        'name: "only"\nbackend: "python"\nmax_batch_size: 0\n'
+    )
+    (project / "stack.env").write_text(
+        (project_dir() / "stack.env")
+        .read_text()
+        .replace("PUBLIC_MODELS=pipeline classify classifier", "PUBLIC_MODELS=only")
+    )
+    before = (project / "stack.env").read_text()
+    result = run("--project-dir", str(project), "remove-model", "only")
+    assert_one_line_error(result, "only: the only public model in stack.env's PUBLIC_MODELS")
+    assert (project / "stack.env").read_text() == before
+    assert (project / "model_repository" / "only" / "config.pbtxt").is_file()

@@ -168,6 +168,10 @@ RUN_ELSEWHERE = {
         "tests/functional/test_own_models.py::test_add_model_writes_the_model_and_everything_"
         "derived_from_it (the test's own ranker.onnx and labels.txt, on a copy of the checkout)"
     ),
+    "tritonstack remove-model ranker": (
+        "tests/functional/test_own_models.py::test_remove_model_undoes_add_model_to_the_byte "
+        "(the test's own model, added then removed on a copy of the checkout)"
+    ),
     "tritonstack infer --model ranker --rows 4": (
         "tests/functional/test_own_models.py::test_infer_prints_the_labels_and_reads_an_npz "
         "(with --url of the test's gateway)"

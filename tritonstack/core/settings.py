@@ -138,6 +138,20 @@ def load(path: Path | None = None) -> Settings:
     return parse(text, str(path))
 
 
+def without_public_model(text: str, model: str) -> str:
+    """stack.env's text with `model` taken out of PUBLIC_MODELS (unchanged where it is not
+    public), every other line unchanged."""
+    lines = text.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        key, sep, value = line.strip().partition("=")
+        if sep and key == "PUBLIC_MODELS":
+            ending = "\n" if line.endswith("\n") else ""
+            kept = [name for name in value.split() if name != model]
+            lines[index] = f"PUBLIC_MODELS={' '.join(kept)}{ending}"
+            return "".join(lines)
+    return text
+
+
 def with_public_model(text: str, model: str) -> str:
     """stack.env's text with `model` appended to PUBLIC_MODELS, every other line unchanged."""
     lines = text.splitlines(keepends=True)
