@@ -6,7 +6,8 @@ and a reference answer (onnxruntime in-process, or numpy). The graphs are tiny a
 XGBoost and LightGBM for the converters' classifiers), so no download is needed:
 
 - `image`: NCHW with a variable height and width (a global-pooling classifier head);
-- `sequence`: token ids of any length (an embedding and a mean), INT64;
+- `sequence`: token ids and their attention mask (INT64), of any length, naming the same dim
+  as a text encoder's export does (an embedding and a masked mean);
 - `fixed_export`: a PyTorch-style export with the example's batch fixed at 1 and tensors named
   `input.1`, `13`: no batch axis, max_batch_size 0;
 - `scalar_and_rows`: a rank-0 scale beside a batch of rows (no batching: full shapes);
@@ -95,18 +96,30 @@ def image(folder: Path) -> ZooModel:
 
 def sequence(folder: Path) -> ZooModel:
     table = numpy_helper.from_array(_weights(12, (100, 6)), "table")
-    nodes = [
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    axis = [numpy_helper.from_array(np.array([a], np.int64), f"axis{a}") for a in (1, 2)]
+    nodes = [  # a mean over the tokens the mask keeps, as a text encoder's pooling does
         helper.make_node("Gather", ["table", "ids"], ["embedded"]),
-        helper.make_node("ReduceMean", ["embedded"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Cast", ["attention_mask"], ["kept"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["kept", "axis2"], ["kept3"]),
+        helper.make_node("Mul", ["embedded", "kept3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "axis1"], ["total"], keepdims=0),
+        helper.make_node("ReduceSum", ["kept3", "axis1"], ["count"], keepdims=0),
+        helper.make_node("Add", ["count", "one"], ["count1"]),
+        helper.make_node("Div", ["total", "count1"], ["mean"]),
     ]
     path = _save(
         nodes,
-        [V("ids", TensorProto.INT64, ["batch", "tokens"])],
+        [
+            V("ids", TensorProto.INT64, ["batch", "tokens"]),
+            V("attention_mask", TensorProto.INT64, ["batch", "tokens"]),
+        ],
         [V("mean", TensorProto.FLOAT, ["batch", 6])],
         folder / "sequence.onnx",
-        [table],
+        [table, one, *axis],
         opset=13,
     )
+    # --shape bounds ids alone: the mask names the same dim, so it takes the same bounds.
     return ZooModel("sequence", path, ("--shape", "ids=1x1:4x12:16x64"), max_batch_size=16)
 
 

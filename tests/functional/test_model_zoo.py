@@ -227,30 +227,42 @@ def library_answer(served, model: str, arrays, signature, protocol: str) -> dict
     return {t.name: result.as_numpy(t.name) for t in signature.outputs}
 
 
-BAD = {
-    "image": ({"name": "images", "shape": [1, 3, 64, 8], "datatype": "FP32", "data": [0] * 1536},
+BAD = {  # case: (model, its inputs, words the error holds)
+    "image": ("image", [{"name": "images", "shape": [1, 3, 64, 8], "datatype": "FP32",
+                         "data": [0] * 1536}],
               "images: shape [1,3,64,8] is beyond the largest the model takes, [4,3,32,32]"),
-    "sequence": ({"name": "ids", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+    "sequence": ("sequence", [{"name": "ids", "shape": [1, 3], "datatype": "FP32",
+                               "data": [1, 2, 3]},
+                              {"name": "attention_mask", "shape": [1, 3], "datatype": "INT64",
+                               "data": [1, 1, 0]}],
                  "expects 'INT64'"),
-    "text": ({"name": "text", "shape": [1, 2], "datatype": "BYTES", "data": ['a, [b]"']},
+    "sequence, a mask of another length": (
+        "sequence", [{"name": "ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]},
+                     {"name": "attention_mask", "shape": [1, 4], "datatype": "INT64",
+                      "data": [1, 1, 0, 0]}],
+        "attention_mask: dim 1 is 4 where ids's dim 1 is 3; the model takes them equal"),
+    "text": ("text", [{"name": "text", "shape": [1, 2], "datatype": "BYTES",
+                       "data": ['a, [b]"']}],
              'text: shape [1,2] declares 2 values, data holds 1'),
-    "stateful": ({"name": "chunk", "shape": [1, 9], "datatype": "FP32", "data": [0] * 9},
+    "stateful": ("stateful", [{"name": "chunk", "shape": [1, 9], "datatype": "FP32",
+                               "data": [0] * 9}],
                  "missing required input(s) ['state']"),
-    "recurrent": ({"name": "chunk", "shape": [1, 8], "datatype": "FP32", "data": [0] * 8},
+    "recurrent": ("recurrent", [{"name": "chunk", "shape": [1, 8], "datatype": "FP32",
+                                 "data": [0] * 8}],
                   "must specify a non-zero or non-empty correlation ID"),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(BAD))
-def test_a_bad_request_is_a_4xx_and_every_model_keeps_serving(served, name):
-    tensor, words = BAD[name]
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_request_is_a_4xx_and_every_model_keeps_serving(served, case):
+    name, inputs, words = BAD[case]
     host, port = served["http"].split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    connection.request("POST", f"/v2/models/{name}/infer", json.dumps({"inputs": [tensor]}))
+    connection.request("POST", f"/v2/models/{name}/infer", json.dumps({"inputs": inputs}))
     response = connection.getresponse()
     text = response.read().decode()
     connection.close()
-    assert 400 <= response.status < 500, text
+    assert 400 <= response.status < 500, (response.status, text)
     assert words in json.loads(text)["error"], text
     assert served["process"].poll() is None
     healthy = subprocess.run(
@@ -280,8 +292,36 @@ def test_a_grpc_shape_beyond_the_bounds_is_refused_as_over_http(served):
     with pytest.raises(InferenceServerException) as caught:
         infer(served["grpc"], beyond)
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT", caught.value
-    assert BAD["image"][1] in caught.value.message(), caught.value
+    assert BAD["image"][2] in caught.value.message(), caught.value
     assert infer(served["grpc"], [2, 3, 32, 16]).get_response().model_name == "image"
+
+
+def test_inputs_sent_apart_in_a_dim_they_share_are_refused_over_http_and_grpc(served):
+    """A text encoder's attention mask as long as its token ids (the graph names both dims
+    `tokens`): a request whose lengths differ would fail inside the model, a 500 from Triton
+    (onnxruntime's broadcast error); the gateway answers 400 / INVALID_ARGUMENT naming both."""
+    from tritonclient.utils import InferenceServerException
+
+    def infer(url: str, lengths: tuple[int, int]):
+        tensors = []
+        for name, length in zip(("ids", "attention_mask"), lengths, strict=True):
+            tensor = grpcclient.InferInput(name, [1, length], "INT64")
+            tensor.set_data_from_numpy(np.ones((1, length), np.int64))
+            tensors.append(tensor)
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            return client.infer("sequence", tensors)
+        finally:
+            client.close()
+
+    with pytest.raises(InferenceServerException) as caught:
+        infer(served["triton_grpc"], (3, 4))
+    assert caught.value.status() == "StatusCode.INTERNAL", caught.value  # Triton alone
+    with pytest.raises(InferenceServerException) as caught:
+        infer(served["grpc"], (3, 4))
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT", caught.value
+    assert BAD["sequence, a mask of another length"][2] in caught.value.message(), caught.value
+    assert infer(served["grpc"], (5, 5)).get_response().model_name == "sequence"
 
 
 def test_the_model_that_did_not_load_is_named_by_the_gateway_health_and_top(served, project):

@@ -90,8 +90,8 @@ def test_add_model_writes_the_model_and_everything_derived_from_it(project):
         assert check.returncode == 0, check.stderr
     # ... and each names the new models: the gateway's map, the deep probe, Kubernetes' copies.
     gateway_map = (project / "gateway/models.map").read_text()
-    assert re.search(r"^ranker 1664:\d+:\d+:::\d+$", gateway_map, re.M)
-    assert re.search(r"^linear 40:\d+:\d+:::\d+$", gateway_map, re.M)
+    assert re.search(r"^ranker 1664:\d+:\d+:::\d+:$", gateway_map, re.M)
+    assert re.search(r"^linear 40:\d+:\d+:::\d+:$", gateway_map, re.M)
     blackbox = (project / "prometheus" / "blackbox.yml").read_text()
     assert "infer_ranker:" in blackbox and "infer_linear:" in blackbox
     assert "/v2/models/ranker/infer" in (project / "prometheus" / "deep-probe.yml").read_text()

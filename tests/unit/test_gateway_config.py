@@ -92,6 +92,20 @@ def test_a_model_with_large_inputs_changes_neither_the_buffer_nor_the_connection
     assert int(binary_body) == large.binary_body > limits.BUFFERED_BODY
 
 
+def test_dims_inputs_share_reach_the_gateway_as_hex_names_and_lua_axes() -> None:
+    """The map entry's 7th field: the dims a request's inputs must agree in, each
+    `<name in hex>.<axis>` counted from 1 as Lua indexes the request's shape."""
+    encoder = limits.ModelLimits(
+        "encoder", max_values=256, max_bytes=2048, inputs=2,
+        max_shapes=(("ids", (4, 64)), ("attention_mask", (4, 64))),
+        shared=((("ids", 1), ("attention_mask", 1)),),
+    )  # fmt: skip
+    fields = encoder.map_line().split()[1].split(":")
+    assert fields[3] == "696473=4x64;617474656E74696F6E5F6D61736B=4x64"
+    assert fields[6] == "696473.2,617474656E74696F6E5F6D61736B.2"
+    assert limits.ModelLimits("plain", 1, 4, 1).map_line().endswith(":")
+
+
 @pytest.mark.parametrize("budget_mb", [64, 1024, 4096])
 def test_every_connection_busy_at_once_fits_the_memory_budget(budget_mb: int) -> None:
     """What the budget allows: all the connections the listeners accept, each at its worst

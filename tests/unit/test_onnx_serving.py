@@ -67,6 +67,31 @@ def test_a_variable_dim_without_shape_gets_the_stated_default(zoo):
     assert any("the default; --shape sets them" in note for note in found.notes)
 
 
+def test_inputs_naming_one_dim_share_the_bounds_shape_gives_any_of_them(zoo):
+    """A text encoder's input_ids and attention_mask both name their length `tokens`: --shape on
+    the ids bounds the mask too, or onnxruntime would get tensors of two lengths."""
+    found = planned(zoo["sequence"])
+    assert found.bounds["ids"] == found.bounds["attention_mask"]
+    assert found.bounds["attention_mask"] == onnx_serving.Bounds((1,), (12,), (64,))
+    assert any(
+        "attention_mask: variable dims bounded 1:12:64 per request row (dims 'tokens' as "
+        "--shape ids bounds them)" in note
+        for note in found.notes
+    ), found.notes
+    assert found.dim_names == {"ids": ("tokens",), "attention_mask": ("tokens",)}
+    described = json.loads(found.parameters()[BOUNDS_PARAMETER])
+    assert described["attention_mask"] == {"min": [1], "opt": [12], "max": [64],
+                                           "names": ["tokens"]}  # fmt: skip
+    assert "names" not in json.loads(planned(zoo["image"]).parameters()[BOUNDS_PARAMETER])
+    shapes = parse_shapes(["ids=1x1:4x12:16x64", "attention_mask=1x1:4x20:16x64"])
+    with pytest.raises(UserError) as raised:
+        plan(zoo["sequence"].path, None, shapes)
+    assert str(raised.value) == (
+        "--shape attention_mask: dim 1 is the graph's 'tokens', which --shape ids bounds 1:12:64;"
+        " a request's tensors share it, so give it 1:12:64 in both"
+    )
+
+
 def test_a_graph_without_a_batch_axis_is_served_whole(zoo):
     found = planned(zoo["fixed_export"])
     assert found.max_batch_size == 0

@@ -78,3 +78,28 @@ def test_an_npz_of_python_objects_is_refused_with_the_fix_not_a_traceback(tmp_pa
     np.save(single, np.array([["cat"]], dtype=object))
     with pytest.raises(UserError, match=r"astype\(str\)"):
         load_arrays(single, TEXT)
+
+
+ENCODER = Signature(
+    model="encoder",
+    inputs=tuple(
+        Tensor(name, "INT64", (-1,), bounds=((1,), (12,), (64,)), dim_names=("tokens",))
+        for name in ("ids", "attention_mask")
+    ),
+    outputs=(Tensor("mean", "FP32", (6,)),),
+    max_batch_size=4,
+)
+
+
+def test_inputs_the_graph_names_alike_must_agree_in_that_dim() -> None:
+    """A text encoder's mask as long as its ids: an --input file whose two differ is refused
+    before it is sent, naming both sizes, rather than failing inside the model."""
+    assert ENCODER.shared_dims == {"tokens": (("ids", 0), ("attention_mask", 0))}
+    ids = np.ones((2, 5), np.int64)
+    assert ENCODER.inputs_from_arrays({"ids": ids, "attention_mask": ids}, "x.npz")
+    with pytest.raises(UserError) as raised:
+        ENCODER.inputs_from_arrays({"ids": ids, "attention_mask": ids[:, :4]}, "x.npz")
+    assert str(raised.value) == (
+        "x.npz: the inputs' dim 'tokens' differs (ids 5, attention_mask 4); encoder takes them "
+        "equal (the graph names them alike)"
+    )

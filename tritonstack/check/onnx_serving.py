@@ -29,14 +29,15 @@ do the same). From both:
 
 What the config holds that Triton has no field for goes in two parameters, which clients read
 from the server's `/config` (tritonstack.core.signature) and Triton's backends ignore:
-BOUNDS_PARAMETER (JSON: per input, min/opt/max dims and max_bytes) and STATE_PARAMETER (JSON:
-input -> output).
+BOUNDS_PARAMETER (JSON: per input, min/opt/max dims, max_bytes, and the names of dims it shares
+with another input) and STATE_PARAMETER (JSON: input -> output).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +104,9 @@ class Plan:
     opt_rows: int = 1
     #: `state` kept in the server (the sequence batcher's implicit state), not by the client
     server_state: bool = False
+    #: per input with a dim another input (or another of its axes) names alike: its config
+    #: dims' names, None for the rest; a request's tensors must agree in such a dim
+    dim_names: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
 
     @property
     def batched(self) -> bool:
@@ -127,12 +131,13 @@ class Plan:
         parameters (string values)."""
         found = {}
         described = {
-            name: {**(bounds.to_json() if bounds else {}), **extra}
-            for name in sorted({*self.bounds, *self.string_bytes})
-            for bounds, extra in [
+            name: {**(bounds.to_json() if bounds else {}), **extra, **names}
+            for name in sorted({*self.bounds, *self.string_bytes, *self.dim_names})
+            for bounds, extra, names in [
                 (
                     self.bounds.get(name),
                     {"max_bytes": self.string_bytes[name]} if name in self.string_bytes else {},
+                    {"names": list(self.dim_names[name])} if name in self.dim_names else {},
                 )
             ]
         }
@@ -433,7 +438,8 @@ def plan(
     candidate = max_batch_size != 0 and all(
         t.dims and t.dims[0] == rules.WILDCARD for t in graph.inputs
     )
-    bounds = _bounds(path, graph, shapes, candidate)
+    names = _dim_names(runner.session)
+    bounds = _bounds(path, graph, shapes, candidate, names)
     rng = np.random.default_rng(0)
     opt_rows = 2 if candidate else 1
 
@@ -493,14 +499,14 @@ def plan(
         )
     if candidate and not batching:
         notes.append(f"served one request at a time (max_batch_size 0): {reason}")
-        bounds = _bounds(path, graph, shapes, False)
+        bounds = _bounds(path, graph, shapes, False, names)
     size = (max_batch_size or DEFAULT_MAX_BATCH_SIZE) if batching else 0
     if batching:
         size, opt_rows = _batch_rows(path, graph, shapes, size, max_batch_size)
     for name in sorted(bounds):
         described = ":".join("x".join(str(d) for d in getattr(bounds[name], w))
                              for w in ("min", "opt", "max"))  # fmt: skip
-        source = "--shape" if name in shapes else "the default; --shape sets them"
+        source = "--shape" if name in shapes else _bounds_source(name, shapes, names, batching)
         per = "per request row" if batching else "per request"
         notes.append(f"{name}: variable dims bounded {described} {per} ({source})")
     strings = {t.name: max_string_bytes for t in graph.inputs if t.elem_type == 8}
@@ -516,7 +522,7 @@ def plan(
         )
     onnx.checker.check_model(corrected)
     return Plan(corrected, graph, size, bounds, strings, pairs, _no_tensorrt(corrected, graph),
-                notes, opt_rows, server_state)  # fmt: skip
+                notes, opt_rows, server_state, _shared_names(graph, names, size > 0))  # fmt: skip
 
 
 def _check_server_state(
@@ -551,41 +557,125 @@ def _one_line(exc: Exception) -> str:
     return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)[:400]
 
 
+def _dim_names(session) -> dict[str, tuple[str | None, ...]]:
+    """Each input's dims by name (an exporter's `dim_param`, such as `sequence`), None where a
+    dim has none: inputs naming the same dim take the same size (input_ids and attention_mask)."""
+    return {
+        arg.name: tuple(d if isinstance(d, str) and d else None for d in arg.shape or ())
+        for arg in session.get_inputs()
+    }
+
+
 def _bounds(
-    path: Path, graph: rules.Graph, shapes: Mapping[str, tuple], batching: bool
+    path: Path,
+    graph: rules.Graph,
+    shapes: Mapping[str, tuple],
+    batching: bool,
+    names: Mapping[str, tuple[str | None, ...]],
 ) -> dict[str, Bounds]:
-    """Bounds of each input with a variable dim besides the batch, per request row."""
+    """Bounds of each input with a variable dim besides the batch, per request row. A dim the
+    graph names takes the bounds --shape gives any input for that name, else the default."""
     found = {}
+    skip = int(batching)
     for tensor in graph.inputs:
-        dims = tensor.dims[1:] if batching else tensor.dims
         given = shapes.get(tensor.name)
         if given is None:
-            if rules.WILDCARD not in dims:
-                continue
-            found[tensor.name] = Bounds(*(tuple(d if d >= 0 else b for d in dims)
-                                          for b in DEFAULT_DIM_BOUNDS))  # fmt: skip
             continue
+        dims = tensor.dims[skip:]
         rank = len(tensor.dims)
         if any(len(s) != rank for s in given):
             raise UserError(
                 f"--shape {tensor.name}: each shape needs {rank} dims, as the graph's "
                 f"{list(tensor.dims)} (-1: variable){' (the batch first)' if batching else ''}"
             )
-        per_row = [s[1:] if batching else s for s in given]
+        per_row = [s[skip:] if batching else s for s in given]
         for axis, dim in enumerate(dims):
             low, usual, high = (s[axis] for s in per_row)
             if not 1 <= low <= usual <= high:
                 raise UserError(
-                    f"--shape {tensor.name}: dim {axis + int(batching)} must satisfy 1 <= min <= "
+                    f"--shape {tensor.name}: dim {axis + skip} must satisfy 1 <= min <= "
                     f"opt <= max, not {low}:{usual}:{high}"
                 )
             if dim >= 0 and not low == usual == high == dim:
                 raise UserError(
-                    f"--shape {tensor.name}: dim {axis + int(batching)} is fixed at {dim} in the "
+                    f"--shape {tensor.name}: dim {axis + skip} is fixed at {dim} in the "
                     f"graph; give {dim} in all three shapes"
                 )
         found[tensor.name] = Bounds(*(tuple(s) for s in per_row))
+    named = _named_bounds(found, names, skip)
+    for tensor in graph.inputs:
+        dims = tensor.dims[skip:]
+        if tensor.name in found or rules.WILDCARD not in dims:
+            continue
+        labels = names.get(tensor.name, ())[skip:]
+        per_axis = [
+            (d, d, d) if d >= 0
+            else named.get(labels[axis] if axis < len(labels) else None, DEFAULT_DIM_BOUNDS)
+            for axis, d in enumerate(dims)
+        ]  # fmt: skip
+        found[tensor.name] = Bounds(*(tuple(b[w] for b in per_axis) for w in range(3)))
     return found
+
+
+def _shared_names(
+    graph: rules.Graph, names: Mapping[str, tuple[str | None, ...]], batching: bool
+) -> dict[str, tuple[str | None, ...]]:
+    """Each input's variable config dims named as another variable dim is (the batch aside,
+    which Triton itself keeps equal): a request whose tensors differ there would fail inside
+    the model, so the gateway and the clients refuse it first."""
+    skip = int(batching)
+    labelled = {}
+    for tensor in graph.inputs:
+        labels = names.get(tensor.name, ())
+        labelled[tensor.name] = tuple(
+            labels[axis] if axis < len(labels) and tensor.dims[axis] == rules.WILDCARD else None
+            for axis in range(skip, len(tensor.dims))
+        )
+    counts = Counter(label for labels in labelled.values() for label in labels if label)
+    return {
+        name: tuple(label if label and counts[label] > 1 else None for label in labels)
+        for name, labels in labelled.items()
+        if any(label and counts[label] > 1 for label in labels)
+    }
+
+
+def _named_bounds(
+    given: Mapping[str, Bounds], names: Mapping[str, tuple[str | None, ...]], skip: int
+) -> dict[str, tuple[int, int, int]]:
+    """(min, opt, max) of each named dim that --shape bounds; two inputs naming one dim must
+    give it the same bounds, since a request's tensors share it."""
+    named: dict[str, tuple[int, int, int]] = {}
+    owner: dict[str, str] = {}
+    for name, bounds in given.items():
+        for axis, label in enumerate(names.get(name, ())[skip:]):
+            if label is None or axis >= len(bounds.min):
+                continue
+            these = (bounds.min[axis], bounds.opt[axis], bounds.max[axis])
+            if named.setdefault(label, these) != these:
+                first = ":".join(map(str, named[label]))
+                raise UserError(
+                    f"--shape {name}: dim {axis + skip} is the graph's '{label}', which "
+                    f"--shape {owner[label]} bounds {first}; a request's tensors share it, so "
+                    f"give it {first} in both"
+                )
+            owner.setdefault(label, name)
+    return named
+
+
+def _bounds_source(
+    name: str,
+    shapes: Mapping[str, tuple],
+    names: Mapping[str, tuple[str | None, ...]],
+    batching: bool,
+) -> str:
+    """Where an input's bounds came from, for add-model's notes."""
+    mine = {label for label in names.get(name, ())[int(batching) :] if label}
+    for other in shapes:
+        shared = sorted(mine & set(names.get(other, ())[int(batching) :]))
+        if shared:
+            dims = ", ".join(f"'{label}'" for label in shared)
+            return f"dims {dims} as --shape {other} bounds them"
+    return "the default; --shape sets them"
 
 
 def _batch_rows(

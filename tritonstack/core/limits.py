@@ -87,6 +87,9 @@ class ModelLimits:
     max_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     #: whether an input holds strings (the gateway's tensor check reads them with care)
     strings: bool = False
+    #: dims a request's inputs must agree in: per dim name the graph gives several inputs'
+    #: dims, each (input, axis of its request shape)
+    shared: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     @property
     def json_body(self) -> int:
@@ -113,19 +116,26 @@ class ModelLimits:
         return max(self.json_body, self.binary_body)
 
     def map_line(self) -> str:
-        """`<model> <values>:<JSON bytes>:<binary bytes>:<shapes>:<kinds>:<gRPC bytes>`:
+        """`<model> <values>:<JSON bytes>:<binary bytes>:<shapes>:<kinds>:<gRPC bytes>:<shared>`:
         HAProxy's map entry. Shapes: `;`-separated `<name, hex>=<AxB...>` of the inputs with
         variable dims (names in hex, so any name can sit in the line), empty when there are
-        none; kinds: `s` when an input holds strings."""
+        none; kinds: `s` when an input holds strings; shared: `;`-separated groups of
+        `,`-separated `<name, hex>.<axis>` (1-based, as Lua counts) that must be equal."""
         shapes = ";".join(
-            f"{name.encode().hex().upper()}={'x'.join(str(d) for d in dims)}"
-            for name, dims in self.max_shapes
+            f"{_hex(name)}={'x'.join(str(d) for d in dims)}" for name, dims in self.max_shapes
         )
         kinds = "s" if self.strings else ""
+        shared = ";".join(
+            ",".join(f"{_hex(name)}.{axis + 1}" for name, axis in group) for group in self.shared
+        )
         return (
             f"{self.model} {self.max_values}:{self.gateway_json_body}:{self.binary_body}:"
-            f"{shapes}:{kinds}:{self.grpc_body}"
+            f"{shapes}:{kinds}:{self.grpc_body}:{shared}"
         )
+
+
+def _hex(name: str) -> str:
+    return name.encode().hex().upper()
 
 
 def model_limits(model: Model) -> ModelLimits:
@@ -177,8 +187,13 @@ def model_limits(model: Model) -> ModelLimits:
                 raise UserError(
                     f"{where}: input {tensor.name} is {datatype}, which Triton does not serve"
                 ) from None
+    skip = int(config.max_batch_size > 0)
+    shared = tuple(
+        tuple((name, axis + skip) for name, axis in group)
+        for group in signature.shared_dims.values()
+    )
     found = ModelLimits(
-        model.name, values, size, len(config.input), extra, tuple(shapes), strings=extra > 0
+        model.name, values, size, len(config.input), extra, tuple(shapes), extra > 0, shared
     )
     if found.binary_body > MAX_BODY:
         raise UserError(

@@ -105,6 +105,9 @@ class Tensor:
     labelled: bool = False
     bounds: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
     max_bytes: int | None = None
+    #: per dim, the graph's name for it where another input's dim (or another of this one's)
+    #: has that name too, else None: a request's tensors must agree there
+    dim_names: tuple[str | None, ...] | None = None
 
     @property
     def numpy_type(self):
@@ -185,6 +188,7 @@ class Signature:
                         with_labels and name in labelled,
                         bounds,
                         facts.get("max_bytes"),
+                        tuple(facts["names"]) if "names" in facts else None,
                     )
                 )
             return tuple(found)
@@ -203,6 +207,16 @@ class Signature:
         """From a repository's config.pbtxt (a tritonstack.core.repository.Model), as a server
         serving it describes the model."""
         return cls.from_server(*model.description())
+
+    @property
+    def shared_dims(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """Each dim name inputs share: (input, axis of its config dims) of every dim so named."""
+        found: dict[str, list[tuple[str, int]]] = {}
+        for tensor in self.inputs:
+            for axis, label in enumerate(tensor.dim_names or ()):
+                if label is not None:
+                    found.setdefault(label, []).append((tensor.name, axis))
+        return {label: tuple(where) for label, where in found.items() if len(where) > 1}
 
     def check_rows(self, rows: int) -> None:
         if not 1 <= rows <= self.max_rows:
@@ -293,6 +307,15 @@ class Signature:
                 rows.add(array.shape[0])
         if len(rows) > 1:
             raise UserError(f"{source}: the inputs hold different numbers of rows: {sorted(rows)}")
+        skip = int(self.batched)
+        for label, where in self.shared_dims.items():
+            sizes = {name: checked[name].shape[axis + skip] for name, axis in where}
+            if len(set(sizes.values())) > 1:
+                said = ", ".join(f"{name} {size}" for name, size in sizes.items())
+                raise UserError(
+                    f"{source}: the inputs' dim '{label}' differs ({said}); {self.model} "
+                    "takes them equal (the graph names them alike)"
+                )
         if rows:
             self.check_rows(rows.pop())
         return checked

@@ -19,7 +19,9 @@
 --   txn.beyond    for an input whose model bounds its variable dims (the 4th field of the
 --                 model's models.map entry: `<name in hex>=<AxB...>` per input, `;`-separated),
 --                 "<name>: ..." when its shape exceeds them in some dim: the gateway answers 400
---                 before Triton runs a shape the model was never meant to take.
+--                 before Triton runs a shape the model was never meant to take. Likewise when
+--                 dims the model's inputs share (the 7th field: an attention mask's length and
+--                 its token ids') differ in the request.
 --
 -- haproxy.cfg runs it on bodies whose format it has already checked (every shape a list of
 -- integers, data numbers, booleans or strings in nested lists); a shape of anything else counts
@@ -177,12 +179,48 @@ local function over_bounds(name, shape, bounds)
   return nil
 end
 
--- The first input whose shape exceeds its bounds, described; nil when none does.
-local function beyond(body, bounds)
+-- The dims a request's inputs must agree in, from the map entry's 7th field (`;`-separated
+-- groups of `,`-separated `<name in hex>.<axis>`): { { { name, axis }, ... }, ... }.
+local function parse_shared(field)
+  local groups = {}
+  for group in (field or ""):gmatch("[^;]+") do
+    local members = {}
+    for name, axis in group:gmatch("(%x+)%.(%d+)") do
+      members[#members + 1] = { name, tonumber(axis) }
+    end
+    groups[#groups + 1] = members
+  end
+  return groups
+end
+
+-- "<name>: ..." for the first dim the inputs sent (hex name -> { name, shape }) size apart where
+-- the model's graph names them alike (an attention mask as long as its token ids): Triton would
+-- run it and the model fail inside, a 500. nil when they agree.
+local function disagreement(sent, groups)
+  for _, group in ipairs(groups) do
+    local first = nil
+    for _, member in ipairs(group) do
+      local tensor = sent[member[1]]
+      local size = tensor and tensor.shape[member[2]]
+      if size ~= nil and first == nil then
+        first = { tensor.name, member[2], size }
+      elseif size ~= nil and size ~= first[3] then
+        return string.format("%s: dim %d is %d where %s's dim %d is %d; the model takes them equal",
+          tensor.name:sub(1, 64), member[2] - 1, size, first[1]:sub(1, 64), first[2] - 1, first[3])
+      end
+    end
+  end
+  return nil
+end
+
+-- The first input whose shape exceeds its bounds, or first dims that must agree and do not,
+-- described; nil when none.
+local function beyond(body, bounds, groups)
   local inputs = body:match('"inputs"%s*:%s*(%b[])')
   if inputs == nil then
     return nil
   end
+  local sent = {}
   for tensor in inputs:gmatch("%b{}") do
     local name = tensor:match('"name"%s*:%s*"([^"\\]*)"')
     local dims = tensor:match('"shape"%s*:%s*%[([^%]]*)%]')
@@ -195,9 +233,12 @@ local function beyond(body, bounds)
       if found ~= nil then
         return found
       end
+      if #groups > 0 then
+        sent[hex(name)] = { name = name, shape = shape }
+      end
     end
   end
-  return nil
+  return disagreement(sent, groups)
 end
 
 core.register_action("check_tensors", { "http-req" }, function(txn)
@@ -222,7 +263,8 @@ core.register_action("check_tensors", { "http-req" }, function(txn)
     body = blank_strings(body)
   end
   if bounds_field ~= nil and bounds_field ~= "" then
-    local found = beyond(body, parse_bounds(bounds_field))
+    local shared = limits:match("^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:([^:]*)")
+    local found = beyond(body, parse_bounds(bounds_field), parse_shared(shared))
     if found ~= nil then
       txn:set_var("txn.beyond", found)
     end
@@ -266,7 +308,8 @@ end)
 --                    InferParameter>), as lua.check_tensors sets it.
 --   txn.beyond       (lua.grpc_bounds) as lua.check_tensors', for a grpc-message header: an
 --                    input (field 5: InferInputTensor, its name field 1 and shape field 3) whose
---                    shape exceeds its model's bounds (models.map).
+--                    shape exceeds its model's bounds, or dims it shares with another
+--                    input that differ (models.map).
 --
 -- Protobuf writes fields in their numbers' order, so model, parameters and the inputs' names and
 -- shapes come before the tensors' bytes (raw_input_contents, field 7, or an input's contents,
@@ -431,6 +474,8 @@ core.register_action("grpc_bounds", { "http-req" }, function(txn)
     return
   end
   local bounds = parse_bounds(bounds_field)
+  local groups = parse_shared(limits:match("^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:([^:]*)"))
+  local sent = {}
   for _, span in ipairs(read.inputs) do
     local name, shape = input_shape(read.body, span)
     if name ~= nil and shape ~= nil then
@@ -439,6 +484,11 @@ core.register_action("grpc_bounds", { "http-req" }, function(txn)
         txn:set_var("txn.beyond", grpc_message(found))
         return
       end
+      sent[hex(name)] = { name = name, shape = shape }
     end
+  end
+  local found = disagreement(sent, groups)
+  if found ~= nil then
+    txn:set_var("txn.beyond", grpc_message(found))
   end
 end)
