@@ -66,6 +66,9 @@ def serve_project(project: Path, timeout: float = 180) -> Iterator[dict]:
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = wait_for_line(process, "Ctrl-C stops the server", timeout=timeout)
+        # Keep reading what serve (and Triton, whose log is serve's output) prints: a pipe left
+        # full blocks Triton's logging, and with it every request, until the server stops.
+        threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
         yield {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}",
                "triton": f"127.0.0.1:{ports[3]}", "triton_grpc": f"127.0.0.1:{ports[4]}",
                "metrics": f"127.0.0.1:{ports[2]}",
