@@ -221,3 +221,44 @@ def test_config_json_as_protobuf_renders_it_reads_the_same():
     as_json = json_format.MessageToDict(parsed, preserving_proto_field_name=True)
     made = model([V("x", TensorProto.FLOAT, ["n"])], [V("y", TensorProto.FLOAT, ["n"])])
     assert errors(made, as_json) == []
+
+
+def test_a_string_tensor_is_bytes_in_the_backends_type_message():
+    """ValidateInputs: "model provides TYPE_" + TRITONSERVER_DataTypeString(
+    ConvertFromOnnxDataType(type)), the server's name: BYTES for a string tensor."""
+    made = model([V("x", TensorProto.STRING, ["n"])], [V("y", TensorProto.STRING, ["n"])])
+    cfg = config(0, [io("x", "TYPE_FP32", [-1])], [io("y", "TYPE_STRING", [-1])])
+    assert errors(made, cfg) == [
+        "unable to load model 'm', configuration expects datatype TYPE_FP32 for input 'x', model "
+        "provides TYPE_BYTES"
+    ]
+
+
+def test_a_rank_0_tensor_in_a_batching_model_loads_and_is_refused_for_what_it_then_does():
+    """ValidateInputs/ValidateOutputs compare a rank-0 tensor's dims only against 1s, so an
+    empty reshape with max_batch_size > 0 loads; SetInputTensors then feeds the batch's buffer as
+    one scalar, and the responder indexes the batch dim of the `[]` kept in scalar_outputs_
+    (tritonserver's SIGSEGV). serving_errors names both; without batching there is nothing."""
+    nodes = [helper.make_node("Add", ["x", "s"], ["y"]),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)]  # fmt: skip
+    made = model(
+        [V("s", TensorProto.FLOAT, []), V("x", TensorProto.FLOAT, ["n"])],
+        [V("y", TensorProto.FLOAT, ["n"]), V("total", TensorProto.FLOAT, [])],
+        nodes,
+    )
+    per_row = [io("s", "TYPE_FP32", [1], []), io("x", "TYPE_FP32", [1], [])]
+    outputs = [io("y", "TYPE_FP32", [1], []), io("total", "TYPE_FP32", [1], [])]
+    batched = config(4, per_row, outputs)
+    assert errors(made, batched) == []  # the backend loads it
+    found = rules.serving_errors(batched, rules.graph_from_model(made))
+    assert len(found) == 2, found
+    assert found[0].startswith("input 's' has rank 0 in the graph but max_batch_size is 4")
+    assert "the first row's value" in found[0]
+    assert found[1].startswith("output 'total' has rank 0 in the graph but max_batch_size is 4")
+    assert "crashes (SIGSEGV)" in found[1]
+    assert all(e.endswith("set max_batch_size: 0 (a graph with a rank-0 tensor does not batch)")
+               for e in found)  # fmt: skip
+    unbatched = config(0, [io("s", "TYPE_FP32", [1]), io("x", "TYPE_FP32", [-1])],
+                       [io("y", "TYPE_FP32", [-1]), io("total", "TYPE_FP32", [1])])  # fmt: skip
+    assert errors(made, unbatched) == []
+    assert rules.serving_errors(unbatched, rules.graph_from_model(made)) == []

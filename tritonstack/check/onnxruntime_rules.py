@@ -22,6 +22,10 @@ each rule names its function, and tests/unit/test_onnxruntime_rules.py tests eac
 - `ValidateOutputs`: each named output exists, has the graph's type, and its dims match exactly,
   -1 where the graph has -1; rank 0 as for inputs. Graph outputs the config leaves out are fine.
 
+What it loads and then serves wrongly (`serving_errors`): a rank-0 graph tensor in a model with
+max_batch_size > 0, whose reshape `[]` leaves no dims for the rank-0 check to compare. Both the
+embedded backend and `tritonstack check` refuse it.
+
 The config is taken as the JSON Triton hands a backend (what `json_format.MessageToDict` makes of
 a config.pbtxt, with `preserving_proto_field_name`): this module imports nothing but the
 standard library, since the embedded backend's copy runs inside Triton's Python stub, where the
@@ -323,7 +327,11 @@ def _tensor_errors(
         return [f"unexpected inference {role} '{name}', allowed {role}s are: {allowed}"]
     config_type = io.get("data_type", "TYPE_INVALID")
     if config_type != tensor.triton_type:
-        provides = tensor.triton_type or "TYPE_INVALID"
+        # "TYPE_" + TRITONSERVER_DataTypeString(ConvertFromOnnxDataType(...)): the server's
+        # name for a string tensor is BYTES, and a type it has none for is INVALID.
+        provides = {"TYPE_STRING": "TYPE_BYTES", None: "TYPE_INVALID"}.get(
+            tensor.triton_type, tensor.triton_type
+        )
         return [
             f"unable to load model '{model}', configuration expects datatype {config_type} for "
             f"{role} '{name}', model provides {provides}"
@@ -334,3 +342,36 @@ def _tensor_errors(
     else:
         found = _compare_dims(model, name, tensor.dims, dims, batch, exact)
     return [found] if found else []
+
+
+def serving_errors(config: Config, graph: Graph) -> list[str]:
+    """What the backend loads and then serves wrongly: a rank-0 graph tensor in a batching model.
+
+    ValidateInputs/ValidateOutputs compare a rank-0 tensor's dims (its reshape's, `[]`) only
+    against 1s, so nothing stops batching. Then SetInputTensors hands ONNX Runtime the whole
+    batch's buffer as one scalar: every row of a batch, other requests' rows included, gets the
+    first row's value. And ValidateOutputs keeps `[]` as the output's shape (scalar_outputs_),
+    which the response code indexes for the batch dim: tritonserver dies of SIGSEGV at the first
+    request, every other model with it (seen with r24.10; the code is unchanged in r26.06).
+    """
+    if max_batch_size(config) <= 0:
+        return []
+    batch = max_batch_size(config)
+    fix = "set max_batch_size: 0 (a graph with a rank-0 tensor does not batch)"
+    errors = []
+    scalar_inputs = {t.name for t in graph.inputs if t.kind == "tensor" and not t.dims}
+    for name in sorted(scalar_inputs):
+        errors.append(
+            f"input '{name}' has rank 0 in the graph but max_batch_size is {batch}: Triton's "
+            "onnxruntime backend loads it, then gives every row of a batch (other requests' "
+            f"too) the first row's value; {fix}"
+        )
+    scalar_outputs = {t.name for t in graph.outputs if t.kind == "tensor" and not t.dims}
+    for io in config.get("output", []):
+        if io.get("name") in scalar_outputs:
+            errors.append(
+                f"output '{io['name']}' has rank 0 in the graph but max_batch_size is {batch}: "
+                "Triton's onnxruntime backend loads it, then tritonserver crashes (SIGSEGV) at "
+                f"the first request; {fix}"
+            )
+    return errors

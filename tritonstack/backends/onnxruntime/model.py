@@ -62,6 +62,11 @@ class TritonPythonModel:
                 f"{errors[0]} (Triton's onnxruntime backend refuses it the same way; "
                 "`tritonstack check` lists every problem)"
             )
+        unsafe = rules.serving_errors(config, graph)
+        if unsafe:  # refused here, unlike Triton's backend, so that no server serves it
+            raise pb_utils.TritonModelException(
+                f"{unsafe[0]} (refused here; `tritonstack check` lists every problem)"
+            )
         ranks = {t.name: len(t.dims) for t in (*graph.inputs, *graph.initializers, *graph.outputs)}
         self.input_names = [tensor["name"] for tensor in config["input"]]
         self.output_names = [tensor["name"] for tensor in config["output"]]
