@@ -262,3 +262,17 @@ def test_a_rank_0_tensor_in_a_batching_model_loads_and_is_refused_for_what_it_th
                        [io("y", "TYPE_FP32", [-1]), io("total", "TYPE_FP32", [1])])  # fmt: skip
     assert errors(made, unbatched) == []
     assert rules.serving_errors(unbatched, rules.graph_from_model(made)) == []
+
+
+def test_onnxruntime_errors_are_worded_as_the_backend_words_them():
+    """RETURN_IF_ORT_ERROR (onnxruntime_utils.h): "onnx runtime error " + code + ": " + message,
+    from the error onnxruntime's Python API raises for the same failure."""
+    nodes = [helper.make_node("Add", ["a", "b"], ["y"])]
+    made = model([V("a", TensorProto.FLOAT, [2]), V("b", TensorProto.FLOAT, [4])],
+                 [V("y", TensorProto.FLOAT, [2])], nodes)  # fmt: skip
+    with pytest.raises(Exception) as caught:
+        ort.InferenceSession(made.SerializeToString(), providers=["CPUExecutionProvider"])
+    said = rules.ort_message(str(caught.value))
+    assert said.startswith("onnx runtime error 1: "), said
+    assert "Incompatible dimensions" in said and "[ONNXRuntimeError]" not in said, said
+    assert rules.ort_message("something else") == "something else"

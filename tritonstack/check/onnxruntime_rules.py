@@ -34,6 +34,7 @@ stand-in image has only numpy and onnxruntime.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -251,7 +252,9 @@ def _ints(values: Iterable) -> list[int]:
     return [int(v) for v in values]
 
 
-def _declared_dims(io: Mapping) -> list[int]:
+def declared_dims(io: Mapping) -> list[int]:
+    """The dims the backend compares with the graph: the reshape's when there is one. A rank-0
+    output is answered with these (ValidateOutputs keeps them in scalar_outputs_)."""
     reshape = io.get("reshape")
     return _ints(reshape.get("shape", [])) if reshape is not None else _ints(io.get("dims", []))
 
@@ -336,12 +339,22 @@ def _tensor_errors(
             f"unable to load model '{model}', configuration expects datatype {config_type} for "
             f"{role} '{name}', model provides {provides}"
         ]
-    dims = _declared_dims(io)
+    dims = declared_dims(io)
     if not tensor.dims:
         found = _scalar(model, io, dims)
     else:
         found = _compare_dims(model, name, tensor.dims, dims, batch, exact)
     return [found] if found else []
+
+
+def ort_message(text: str) -> str:
+    """onnxruntime's error ("[ONNXRuntimeError] : 1 : FAIL : ...", as Python raises it) in the
+    backend's words (RETURN_IF_ORT_ERROR, onnxruntime_utils.h): "onnx runtime error 1: ..."."""
+    found = _ORT_ERROR.search(text)
+    return f"onnx runtime error {found[1]}: {found[2]}" if found else text
+
+
+_ORT_ERROR = re.compile(r"\[ONNXRuntimeError\] : (\d+) : \w+ : (.*)", re.DOTALL)
 
 
 def serving_errors(config: Config, graph: Graph) -> list[str]:

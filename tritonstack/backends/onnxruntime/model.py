@@ -54,7 +54,12 @@ class TritonPythonModel:
         threads = int(parameters.get("intra_op_thread_count", {}).get("string_value", "0"))
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(
+                str(path), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # worded as Triton's backend words onnxruntime's errors
+            raise pb_utils.TritonModelException(rules.ort_message(str(exc))) from None
         graph = rules.graph_from_session(self.session)
         errors = rules.load_errors(config, graph)
         if errors:
@@ -71,7 +76,12 @@ class TritonPythonModel:
         self.input_names = [tensor["name"] for tensor in config["input"]]
         self.output_names = [tensor["name"] for tensor in config["output"]]
         self.scalar_inputs = {n for n in self.input_names if ranks[n] == 0}
-        self.scalar_outputs = {n for n in self.output_names if ranks[n] == 0}
+        #: rank-0 outputs, answered in the shape their config declares ([1], [1, 1], ...)
+        self.scalar_outputs = {
+            io["name"]: tuple(rules.declared_dims(io))
+            for io in config["output"]
+            if ranks[io["name"]] == 0
+        }
         self.batched = rules.max_batch_size(config) > 0
         sequence = config.get("sequence_batching") or {}
         #: state input -> state output, for state kept in the server
@@ -182,7 +192,7 @@ class TritonPythonModel:
         for name, value in zip(self.output_names, outputs, strict=True):
             value = np.asarray(value)
             if name in self.scalar_outputs:
-                value = value.reshape(1)
+                value = value.reshape(self.scalar_outputs[name])
             if value.dtype == np.object_:
                 value = np.array(
                     [str(item).encode("utf-8", "surrogateescape") for item in value.reshape(-1)],
@@ -193,5 +203,5 @@ class TritonPythonModel:
 
     @staticmethod
     def _error(exc):
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        message = rules.ort_message(" ".join(str(exc).split())) or type(exc).__name__
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
