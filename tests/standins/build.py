@@ -213,7 +213,7 @@ def _context(standin: Standin, wheels: Path | None, scratch: Path) -> Path:
     if standin.folder == "tritonserver":
         backend = ROOT / "tritonstack" / "backends" / "onnxruntime" / "model.py"
         shutil.copy2(backend, context / "onnxruntime_backend.py")
-        shutil.copy2(ROOT / "tritonstack" / "check" / "onnxruntime_rules.py", context)
+        shutil.copy2(ROOT / "tritonstack" / "core" / "onnxruntime_rules.py", context)
     return context
 
 

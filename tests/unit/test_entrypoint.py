@@ -668,3 +668,46 @@ def test_the_llm_starts_with_the_same_flags_on_its_own_repository(tmp_path: Path
     expected[0] = f"--model-repository={LLM_REPOSITORY}"
     assert run.argv == [*expected, "--log-verbose=1"]
     assert not run.view.exists()
+
+
+def test_a_model_the_onnxruntime_backend_would_crash_on_is_left_out_and_the_rest_served(
+    tmp_path: Path,
+) -> None:
+    """A hand-written config that batches a graph with a rank-0 output (`dims: [1]`, `reshape:
+    { shape: [] }`): Triton's onnxruntime backend loads it, then tritonserver dies of SIGSEGV at
+    its first request, every model with it (onnxruntime_rules.serving_errors). The launcher reads
+    the graph without `onnx` and leaves it out, on CPU and GPU, saying why in the log and the
+    status file; a batching model whose file is not ONNX at all is left to Triton's load."""
+    import shutil
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    repository = tmp_path / "repository"
+    shutil.copytree(REPOSITORY, repository, symlinks=True)
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)], "total",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [])],
+    )  # fmt: skip
+    config = (
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]\n'
+        'output [\n  {\n    name: "total"\n    data_type: TYPE_FP32\n    dims: [ 1 ]\n'
+        "    reshape: { shape: [ ] }\n  }\n]\n"
+    )
+    for name, model in (("total", onnx.helper.make_model(graph).SerializeToString()),
+                        ("garbled", b"this is not an ONNX file")):  # fmt: skip
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "1" / "model.onnx").write_bytes(model)
+        (repository / name / "config.pbtxt").write_text(config)
+    for gpus in (None, A10G):
+        run = run_entrypoint(tmp_path, gpus, env={"MODEL_REPOSITORY": str(repository)})
+        assert run.returncode == 0, run.output
+        served = {p.name for p in run.view.iterdir()}
+        assert "total" not in served and {"classifier", "garbled"} <= served, (gpus, served)
+        reason = json.loads(run.status.read_text())["total"]
+        assert reason.startswith("version 1: output 'total' has rank 0 in the graph but "
+                                 "max_batch_size is 8"), reason  # fmt: skip
+        assert "crashes (SIGSEGV)" in reason and "set max_batch_size: 0" in reason
+        assert f"WARNING: total: {reason}. total is not served; every other model is" in run.output

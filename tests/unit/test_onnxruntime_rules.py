@@ -1,7 +1,7 @@
 """Triton's C++ onnxruntime backend's rules, one test each, named after the function of the
 backend's source (onnxruntime_backend r26.06, src/onnxruntime.cc and src/onnxruntime_utils.cc;
 CheckAllowedModelInput/Output from backend r26.06, src/backend_common.cc) that applies it.
-tritonstack.check.onnxruntime_rules states them once; `tritonstack check`, `add-model` and the
+tritonstack.core.onnxruntime_rules states them once; `tritonstack check`, `add-model` and the
 embedded runtime's Python backend all apply them (the functional tests load such models)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tritonstack.check import onnxruntime_rules as rules
+from tritonstack.core import onnxruntime_rules as rules
 
 V = helper.make_tensor_value_info
 

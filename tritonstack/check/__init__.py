@@ -10,7 +10,7 @@ are read with `onnx`, so nothing here hand-parses protobuf text.
 One module per topic: repository (which checks each model gets), model_config (Triton's rules
 for one config), onnx_graph, ensemble, tensorrt, python_models, labels, vllm_model, and
 schema_skew (fields the embedded Triton lacks); messages holds the one message format. What an
-ONNX graph needs to be served lives here too: onnx_serving (add-model's plan) and
-onnxruntime_rules (the C++ onnxruntime backend's rules). The folder imports nothing at import
-time, so `tritonstack.check.onnx_serving` loads without reading a repository's checks.
+ONNX graph needs to be served lives here too: onnx_serving (add-model's plan, by the C++
+onnxruntime backend's rules: tritonstack.core.onnxruntime_rules). The folder imports nothing at
+import time, so `tritonstack.check.onnx_serving` loads without reading a repository's checks.
 """

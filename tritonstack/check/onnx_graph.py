@@ -2,7 +2,7 @@
 dims, as Triton's onnxruntime backend validates them when it loads the model.
 
 The detailed checks below name the field and the fix; whatever they let through is then judged by
-the backend's own rules (tritonstack.check.onnxruntime_rules, which the embedded runtime's backend
+the backend's own rules (tritonstack.core.onnxruntime_rules, which the embedded runtime's backend
 applies too), so `check` passes exactly what that backend loads."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import onnx
 from tritonclient.grpc import model_config_pb2
 
-from tritonstack.check import onnxruntime_rules as rules
 from tritonstack.check.messages import Say, did_you_mean, format_dims
 from tritonstack.check.model_config import DEFAULT_FILENAMES, say_python_in_disguise
+from tritonstack.core import onnxruntime_rules as rules
 from tritonstack.core.repository import Model, ModelConfig
 
 DataType = model_config_pb2.DataType

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonstack.check import onnxruntime_rules as rules
+from tritonstack.core import onnxruntime_rules as rules
 from tritonstack.core.errors import UserError
 from tritonstack.core.signature import BOUNDS_PARAMETER, STATE_PARAMETER, random_values
 

@@ -49,8 +49,15 @@ class ModelConfig:
 
     @property
     def max_batch_size(self) -> int:
-        found = re.search(r"^\s*max_batch_size:\s*(\d+)", self.text, re.MULTILINE)
-        return int(found[1]) if found else 0
+        return max_batch_size(self.text)
+
+    @property
+    def is_onnx(self) -> bool:
+        """Served by Triton's onnxruntime backend (its platform, or the backend named)."""
+        return (
+            re.search(r'platform:\s*"onnxruntime_onnx"', self.text) is not None
+            or re.search(r'^\s*backend:\s*"onnxruntime"', self.text, re.MULTILINE) is not None
+        )
 
     def parameter(self, key: str) -> str:
         """A config parameter's string value as tritonstack add-model writes it (`key: "..."`,
@@ -67,22 +74,42 @@ class ModelConfig:
 
     def inputs(self) -> list[tuple[str, list[str]]]:
         """(name, dims) of each entry of the top-level `input [ ... ]` block."""
-        block = re.search(r"^input\s*\[(.*?)^\]", self.text, re.MULTILINE | re.DOTALL)
-        if not block:
-            return []
-        found = []
-        for entry in re.split(r"\n\s*\},?\s*\n", block[1]):
-            name = re.search(r'name:\s*"([^"]*)"', entry)
-            dims = re.search(r"dims:\s*\[([^\]]*)\]", entry)
-            if name and dims:
-                found.append((name[1], [d for d in re.split(r"[\s,]+", dims[1]) if d]))
-        return found
+        return tensors(self.text, "input")
+
+    def outputs(self) -> list[tuple[str, list[str]]]:
+        """(name, dims) of each entry of the top-level `output [ ... ]` block."""
+        return tensors(self.text, "output")
 
     def onnxruntime_engine_cache(self) -> str:
         """The directory ONNX Runtime's TensorRT provider caches engines in, under the GPU
         configuration; empty when the model does not use it."""
         found = re.search(r'key:\s*"trt_engine_cache_path"\s*value:\s*"([^"]*)"', self.gpu_text)
         return found[1] if found else ""
+
+
+def max_batch_size(text: str) -> int:
+    found = re.search(r"^\s*max_batch_size:\s*(\d+)", text, re.MULTILINE)
+    return int(found[1]) if found else 0
+
+
+def model_filename(text: str) -> str:
+    """The file in each version directory an ONNX model's config names (Triton's default)."""
+    found = re.search(r'default_model_filename:\s*"([^"]*)"', text)
+    return found[1] if found else "model.onnx"
+
+
+def tensors(text: str, block_name: str) -> list[tuple[str, list[str]]]:
+    """(name, dims) of each entry of a config's top-level `input` or `output` block."""
+    block = re.search(rf"^{block_name}\s*\[(.*?)^\]", text, re.MULTILINE | re.DOTALL)
+    if not block:
+        return []
+    found = []
+    for entry in re.split(r"\n\s*\},?\s*\n", block[1]):
+        name = re.search(r'name:\s*"([^"]*)"', entry)
+        dims = re.search(r"dims:\s*\[([^\]]*)\]", entry)
+        if name and dims:
+            found.append((name[1], [d for d in re.split(r"[\s,]+", dims[1]) if d]))
+    return found
 
 
 def models(repository: Path) -> list[ModelConfig]:

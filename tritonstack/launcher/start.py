@@ -7,6 +7,8 @@ and in the status file the health check reads, and every other model is served (
 routes to the ONNX model). tritonserver gets --model-config-name=gpu and GPU metrics.
 CPU (no GPU, or TRITONSTACK_DEVICE=cpu): models that need a GPU (TensorRT plans, KIND_GPU
 instances) are left out of the view, as `tritonstack serve` does.
+Both: an ONNX model Triton's onnxruntime backend would load and then crash on (a rank-0 graph
+tensor in a batching model: onnxruntime_fault) is left out too, its graph read by onnx_wire.
 
 Arguments after the subcommand (compose `command:`) are appended to tritonserver's.
 """
@@ -23,10 +25,17 @@ from pathlib import Path
 from tritonstack.core.contract import ADMIN_APIS_ENV, GRPC_PORT, HTTP_PORT, METRICS_PORT
 from tritonstack.core.errors import UserError
 from tritonstack.core.health import LAUNCH_STATUS, LAUNCH_STATUS_ENV, serving_address
-from tritonstack.launcher import flags, gpu, tensorrt, watch
+from tritonstack.core.onnxruntime_rules import serving_errors
+from tritonstack.launcher import flags, gpu, onnx_wire, tensorrt, watch
 from tritonstack.launcher.cache import lock_or_wait
 from tritonstack.launcher.messages import LaunchError, log
-from tritonstack.launcher.model_config import ModelConfig, models
+from tritonstack.launcher.model_config import (
+    ModelConfig,
+    max_batch_size,
+    model_filename,
+    models,
+    tensors,
+)
 
 USAGE = "usage: python3 -m tritonstack.launcher [prepare|llm] [tritonserver arguments...]"
 
@@ -166,6 +175,11 @@ def build_view(settings: Settings, device: gpu.Gpu | None) -> View:
         if device is None and model.needs_gpu:
             view.left_out[model.name] = "needs a GPU; this container serves on CPU"
             continue
+        fault = onnxruntime_fault(model, gpu=device is not None)
+        if fault:
+            log(f"WARNING: {model.name}: {fault}. {model.name} is not served; every other model is")
+            view.left_out[model.name] = fault
+            continue
         if (
             builder is not None
             and model.is_tensorrt_plan
@@ -194,6 +208,32 @@ def build_view(settings: Settings, device: gpu.Gpu | None) -> View:
     if gpu_only:
         log(f"not served on CPU (GPU only): {' '.join(gpu_only)}")
     return view
+
+
+def onnxruntime_fault(model: ModelConfig, *, gpu: bool) -> str:
+    """What Triton's onnxruntime backend would load and then serve wrongly, or crash on
+    (tritonstack.core.onnxruntime_rules.serving_errors: a rank-0 graph tensor in a batching
+    model), found from the config it would get and each version's graph; empty when nothing is.
+    `tritonstack check` and the embedded runtime refuse such a model; a config written by hand
+    and never checked would otherwise take this container's Triton down with every model."""
+    text = model.gpu_text if gpu else model.text
+    batch = max_batch_size(text)
+    if not model.is_onnx or batch <= 0:
+        return ""
+    config = {"max_batch_size": batch, "output": [{"name": n} for n, _ in tensors(text, "output")]}
+    versions = sorted(
+        (p for p in model.directory.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
+    )
+    for version in versions:
+        path = version / model_filename(text)
+        try:
+            graph = onnx_wire.graph_of(path)
+        except (OSError, onnx_wire.WireError):
+            continue  # no file, or not one this reader follows: Triton's load names the problem
+        errors = serving_errors(config, graph)
+        if errors:
+            return f"version {version.name}: {errors[0]}"
+    return ""
 
 
 def write_status(path: Path, left_out: dict[str, str]) -> None:

@@ -41,7 +41,7 @@ SHM_DIR = Path("/dev/shm")
 #: Error lines tritonserver logs on every start without a GPU; harmless, so not repeated to users.
 CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "unable to create stream")
 BACKEND_SOURCES = Path(__file__).resolve().parents[1] / "backends"
-ONNXRUNTIME_RULES = Path(__file__).resolve().parents[1] / "check" / "onnxruntime_rules.py"
+ONNXRUNTIME_RULES = Path(__file__).resolve().parents[1] / "core" / "onnxruntime_rules.py"
 SHARED_FLAGS = project_dir() / "scripts" / "tritonserver.flags"
 #: How the embedded runtime tells the `vllm` backend which model to serve (backends/vllm/model.py).
 LLM_MODEL_ENV = "TRITONSTACK_LLM_MODEL"

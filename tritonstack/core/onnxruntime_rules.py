@@ -23,8 +23,8 @@ each rule names its function, and tests/unit/test_onnxruntime_rules.py tests eac
   -1 where the graph has -1; rank 0 as for inputs. Graph outputs the config leaves out are fine.
 
 What it loads and then serves wrongly (`serving_errors`): a rank-0 graph tensor in a model with
-max_batch_size > 0, whose reshape `[]` leaves no dims for the rank-0 check to compare. Both the
-embedded backend and `tritonstack check` refuse it.
+max_batch_size > 0, whose reshape `[]` leaves no dims for the rank-0 check to compare. The
+embedded backend and `tritonstack check` refuse it, and the container's launcher leaves it out.
 
 The config is taken as the JSON Triton hands a backend (what `json_format.MessageToDict` makes of
 a config.pbtxt, with `preserving_proto_field_name`): this module imports nothing but the
