@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -63,21 +64,29 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
     assert "Through the gateway vs direct (gateway first): `classifier` JSON c=16: " in text
 
     # Where the CPU went: tritonserver and the stubs each request passed through, by name.
-    by_process = {
-        p["model"]: p["cpu_by_process_us"]
+    profiled = {
+        p["model"]: p
         for p in results["points"]
         if p["key"] in {f"triton:default|{m}|http-json|c16" for m in PROFILED}
     }
-    # Stubs the request never reaches idle a little (on a fresh machine up to ~1.3 us per
-    # request: their own health checks and metrics, spread over the requests); those it passes
-    # through cost ~100 us. The claim is the order of magnitude: every process on the path costs
-    # at least 20x any process off it, whatever the machine's idle noise.
+    # Stubs the request never reaches idle a little (their own health checks and metrics,
+    # spread over the requests); those it passes through cost ~100 us. The claim is the order of
+    # magnitude: every process on the path costs at least 20x any process off it. The kernel
+    # counts a process's CPU in clock ticks (1/SC_CLK_TCK s, 10 ms), so over a quick run's ~2,000
+    # requests one tick landing in an idle stub reads as ~5 us a request (seen on a fresh
+    # machine: 5.5 us, one tick in 1,777 requests): off the path a model's two stubs may show
+    # up to a tick each, the counter's resolution, not a cost.
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
     for sent, stubs in PROFILED.items():
-        costs = by_process[sent]
+        costs = profiled[sent]["cpu_by_process_us"]
+        answered = sum(r["requests"] for r in profiled[sent]["reps"])
+        resolution_us = 2 * tick_s / answered * 1e6
         on_path = {role: costs.get(role, 0) for role in ("tritonserver", *stubs)}
         off_path = [us for role, us in costs.items() if role not in on_path]
         assert min(on_path.values()) >= explain.IDLE_US, (sent, costs)
-        assert min(on_path.values()) >= 20 * max(off_path, default=0), (sent, costs)
+        assert (
+            min(on_path.values()) >= 20 * max(off_path, default=0) or max(off_path) <= resolution_us
+        ), (sent, costs, answered)
     # py-spy sampled every stub under load and found both the model's code and the backend's.
     for sent, stubs in PROFILED.items():
         profiles = results["profiles"][sent]
